@@ -1,0 +1,34 @@
+"""Fake (meta) impls of the ``moonep`` ops, for FakeTensor tracing, torch.compile and AOT.
+
+Each fake runs the same argument checks as the real kernels (metadata only) and returns
+an empty tensor with the real kernel's shape, dtype and (contiguous) strides. ``NvS`` may
+be symbolic. Imported by ``moonep_ops/__init__.py``, so a user of ``moonep_ops`` always
+has them registered.
+"""
+
+import torch
+
+from moonep_ops import _checks
+from moonep_ops._library import NAMESPACE, lib
+
+
+def _fake(name: str):
+    return torch.library.register_fake(f"{NAMESPACE}::{name}", lib=lib)
+
+
+@_fake("grouped_gemm")
+def grouped_gemm(a, w, cu_seqlens):
+    _checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
+    return a.new_empty((a.shape[0], w.shape[1]))
+
+
+@_fake("grouped_gemm_out")
+def grouped_gemm_out(a, w, cu_seqlens, out):
+    _checks.check_grouped_gemm("grouped_gemm_out", a, w, cu_seqlens)
+    _checks.check_out("grouped_gemm_out", out, (a.shape[0], w.shape[1]), a.dtype, a.device)
+
+
+@_fake("silu_mul_weight")
+def silu_mul_weight(gate, up, route_weights, cu_seqlens):
+    _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
+    return gate.new_empty(gate.shape)

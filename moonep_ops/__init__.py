@@ -1,0 +1,17 @@
+"""moonep_ops: MoonEP's mixture-of-experts compute as PyTorch custom ops.
+
+Importing this package defines the ``moonep`` ops (:mod:`moonep_ops._library`), registers
+their CPU and CUDA kernels (:mod:`moonep_ops.kernels`) and their fake impls (the top-level
+``fake_impls`` package). vLLM integration lives in :mod:`moonep_ops.vllm` and is imported
+only on demand.
+"""
+
+from . import _library  # noqa: F401  (defines the schemas first)
+from . import kernels  # noqa: F401  (registers the kernels)
+import fake_impls  # noqa: F401,E402  (registers the fakes)
+
+from .ops import grouped_gemm, moonep_experts, silu_mul_weight  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["grouped_gemm", "silu_mul_weight", "moonep_experts", "__version__"]

@@ -1,0 +1,30 @@
+"""The ``moonep`` op namespace: every schema, defined once.
+
+We register with ``torch.library.Library`` define/impl (as vLLM does) rather than
+``torch.library.custom_op``: an eager call then goes straight from the dispatcher to
+the kernel function, without custom_op's Python wrapper layers (see README, "Why
+torch.library.Library"). Kernels attach per device in ``moonep_ops/kernels``; fake
+impls live in the top-level ``fake_impls`` package.
+"""
+
+import torch
+
+NAMESPACE = "moonep"
+
+# One schema per op. Changing one of these changes the op ABI: tests/test_schemas.py pins them.
+SCHEMAS: dict[str, str] = {
+    "grouped_gemm": "grouped_gemm(Tensor a, Tensor w, Tensor cu_seqlens) -> Tensor",
+    "grouped_gemm_out": "grouped_gemm_out(Tensor a, Tensor w, Tensor cu_seqlens, Tensor(a!) out) -> ()",
+    "silu_mul_weight": (
+        "silu_mul_weight(Tensor gate, Tensor up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor"
+    ),
+}
+
+lib = torch.library.Library(NAMESPACE, "DEF")
+for _schema in SCHEMAS.values():
+    lib.define(_schema)
+
+
+def op(name: str) -> torch._ops.OpOverload:
+    """The default overload of ``moonep::<name>``."""
+    return getattr(getattr(torch.ops, NAMESPACE), name).default

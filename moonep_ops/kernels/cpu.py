@@ -1,0 +1,63 @@
+"""CPU kernels: a per-segment loop over ``torch.mm``, accumulated in fp32 (fp64 for fp64).
+
+The CPU path may read ``cu_seqlens`` on the host, so it also validates its values.
+Rows at or past ``cu_seqlens[-1]`` are never read and come out as zeros.
+"""
+
+import torch
+
+from .. import _checks
+from .._library import lib
+
+
+def segments(cu_seqlens: torch.Tensor):
+    """Yield ``(g, start, end)`` for every non-empty segment (host-side, CPU only)."""
+    start = 0
+    for g, end in enumerate(cu_seqlens.tolist()):
+        if end > start:
+            yield g, start, end
+        start = end
+
+
+def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
+    """``out[seg_g] = a[seg_g] @ w[g].T``; tail rows set to zero."""
+    acc = _checks.accum_dtype(a.dtype)
+    end = 0
+    for g, start, end in segments(cu_seqlens):
+        out[start:end] = torch.mm(a[start:end].to(acc), w[g].to(acc).t()).to(out.dtype)
+    # Rows before the last end that no segment covers do not exist (segments tile [0, cu[-1])),
+    # so zeroing the tail is all that is left.
+    out[end:].zero_()
+
+
+def grouped_gemm(a, w, cu_seqlens):
+    _checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
+    _checks.check_cu_seqlens_values("grouped_gemm", cu_seqlens, a.shape[0])
+    out = torch.empty((a.shape[0], w.shape[1]), dtype=a.dtype, device=a.device)
+    grouped_gemm_into(a, w, cu_seqlens, out)
+    return out
+
+
+def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
+    _checks.check_grouped_gemm("grouped_gemm_out", a, w, cu_seqlens)
+    _checks.check_out("grouped_gemm_out", out, (a.shape[0], w.shape[1]), a.dtype, a.device)
+    _checks.check_cu_seqlens_values("grouped_gemm_out", cu_seqlens, a.shape[0])
+    grouped_gemm_into(a, w, cu_seqlens, out)
+
+
+def silu_mul_weight(gate, up, route_weights, cu_seqlens):
+    _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
+    _checks.check_cu_seqlens_values("silu_mul_weight", cu_seqlens, gate.shape[0])
+    acc = _checks.accum_dtype(gate.dtype)
+    end = int(cu_seqlens[-1])
+    out = torch.zeros_like(gate, memory_format=torch.contiguous_format)
+    act = torch.nn.functional.silu(gate[:end].to(acc)) * up[:end].to(acc)
+    if route_weights is not None:
+        act = act * route_weights[:end, None].to(acc)
+    out[:end] = act.to(gate.dtype)
+    return out
+
+
+lib.impl("grouped_gemm", grouped_gemm, "CPU")
+lib.impl("grouped_gemm_out", grouped_gemm_out, "CPU")
+lib.impl("silu_mul_weight", silu_mul_weight, "CPU")

@@ -1,0 +1,1 @@
+"""CUDA kernels (placeholder until the Triton kernels land)."""

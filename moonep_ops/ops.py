@@ -1,0 +1,64 @@
+"""Public Python API: thin calls of the ``torch.ops.moonep`` ops.
+
+Schemas live in :mod:`moonep_ops._library`, kernels in :mod:`moonep_ops.kernels`, fakes in
+the top-level ``fake_impls`` package.
+"""
+
+from typing import Optional
+
+import torch
+
+from ._library import op
+
+# Resolved once: attribute lookups on torch.ops cost host time on every call.
+_grouped_gemm = op("grouped_gemm")
+_grouped_gemm_out = op("grouped_gemm_out")
+_silu_mul_weight = op("silu_mul_weight")
+
+
+def grouped_gemm(a: torch.Tensor, w: torch.Tensor, cu_seqlens: torch.Tensor, *,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``out[seg_g] = a[seg_g] @ w[g].T`` for each segment of ``cu_seqlens``.
+
+    Args:
+        a: ``[NvS, K]`` rows in segment order.
+        w: ``[G, N, K]`` weights (vLLM's ``[E, N, K]`` convention).
+        cu_seqlens: ``[G]`` int32 cumulative segment ends (no leading zero).
+        out: optional contiguous ``[NvS, N]`` buffer to write into (not differentiable).
+
+    Returns:
+        ``[NvS, N]`` in ``a``'s dtype, accumulated in fp32. Rows at or past
+        ``cu_seqlens[-1]`` are zero, and those rows of ``a`` are never read.
+    """
+    if out is None:
+        return _grouped_gemm(a, w, cu_seqlens)
+    _grouped_gemm_out(a, w, cu_seqlens, out)
+    return out
+
+
+def silu_mul_weight(gate: torch.Tensor, up: torch.Tensor,
+                    route_weights: Optional[torch.Tensor],
+                    cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up * route_weights[:, None]``, computed in fp32, in ``gate``'s dtype.
+
+    ``route_weights`` is ``[NvS]`` fp32, or None when the router weight was applied to the
+    input before dispatch (top-1, Llama-4 style). Rows at or past ``cu_seqlens[-1]`` are
+    zero and never read.
+    """
+    return _silu_mul_weight(gate, up, route_weights, cu_seqlens)
+
+
+def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                   w_down: torch.Tensor, cu_seqlens: torch.Tensor,
+                   route_weights: Optional[torch.Tensor] = None, *,
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The whole MoonEP expert compute over dispatched rows.
+
+    ``x`` is ``[NvS, H]``, ``w_gate``/``w_up`` are ``[G, I, H]``, ``w_down`` is ``[G, H, I]``.
+    Returns ``[NvS, H]`` (written into ``out`` when given); rows at or past
+    ``cu_seqlens[-1]`` are zero.
+    """
+    gate = _grouped_gemm(x, w_gate, cu_seqlens)
+    up = _grouped_gemm(x, w_up, cu_seqlens)
+    act = _silu_mul_weight(gate, up, route_weights, cu_seqlens)
+    return grouped_gemm(act, w_down, cu_seqlens, out=out)

@@ -1,0 +1,80 @@
+"""Every op against the float64 reference over the layout matrix, on CPU and CUDA."""
+
+import pytest
+import torch
+
+import moonep_ops
+from .conftest import DEVICES
+from .layouts import (LAYOUT_IDS, LAYOUTS, experts_inputs, grouped_gemm_inputs,
+                      silu_mul_weight_inputs)
+from .reference import (TOLERANCE, experts_ref, grouped_gemm_ref, rel_err,
+                        silu_mul_weight_ref)
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _assert_close_and_zero_tail(out, ref, layout, dtype):
+    assert not torch.isnan(out).any(), "NaN reached the output"
+    assert rel_err(out, ref) <= TOLERANCE[dtype], f"rel err {rel_err(out, ref):.3g}"
+    tail = out[layout.total:]
+    assert torch.equal(tail, torch.zeros_like(tail)), "tail rows are not exactly zero"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_grouped_gemm(layout, dtype, device):
+    a, w, cu = grouped_gemm_inputs(layout, dtype, device)
+    out = moonep_ops.grouped_gemm(a, w, cu)
+    assert out.shape == (layout.nvs, layout.n) and out.dtype == dtype and out.is_contiguous()
+    _assert_close_and_zero_tail(out, grouped_gemm_ref(a, w, cu), layout, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_grouped_gemm_out(layout, dtype, device):
+    a, w, cu = grouped_gemm_inputs(layout, dtype, device)
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype, device=device)  # poison
+    ret = moonep_ops.grouped_gemm(a, w, cu, out=out)
+    assert ret is out
+    _assert_close_and_zero_tail(out, grouped_gemm_ref(a, w, cu), layout, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_silu_mul_weight(layout, dtype, with_weights, device):
+    gate, up, rw, cu = silu_mul_weight_inputs(layout, dtype, device, with_weights=with_weights)
+    out = moonep_ops.silu_mul_weight(gate, up, rw, cu)
+    assert out.shape == gate.shape and out.dtype == dtype and out.is_contiguous()
+    _assert_close_and_zero_tail(out, silu_mul_weight_ref(gate, up, rw, cu), layout, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_out", [False, True], ids=["alloc", "out"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_moonep_experts(layout, dtype, use_out, device):
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, dtype, device)
+    out = None
+    if use_out:
+        out = torch.full((layout.nvs, layout.k), float("nan"), dtype=dtype, device=device)
+    res = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, out=out)
+    if use_out:
+        assert res is out
+    _assert_close_and_zero_tail(res, experts_ref(x, w_gate, w_up, w_down, cu, rw), layout, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float64_on_cpu_only_for_gradcheck(device):
+    layout = LAYOUTS[0]
+    if device == "cpu":
+        a, w, cu = grouped_gemm_inputs(layout, torch.float64, device)
+        out = moonep_ops.grouped_gemm(a, w, cu)
+        assert rel_err(out, grouped_gemm_ref(a, w, cu)) <= TOLERANCE[torch.float64]
+    else:
+        a, w, cu = grouped_gemm_inputs(layout, torch.float64, device)
+        with pytest.raises(RuntimeError, match="a has dtype torch.float64"):
+            moonep_ops.grouped_gemm(a, w, cu)
