@@ -1,1 +1,73 @@
-"""CUDA kernels (placeholder until the Triton kernels land)."""
+"""CUDA kernels: Triton, JIT-compiled at first use, for NVIDIA GPUs from sm80.
+
+Registered for the CUDA dispatch key. Triton is imported at the first call, so importing
+``moonep_ops`` needs neither Triton nor a GPU. Argument checks read metadata only;
+``MOONEP_OPS_DEBUG=1`` adds the data checks on ``cu_seqlens``, which sync the host.
+"""
+
+import functools
+
+import torch
+
+from .. import _checks
+from .._library import lib
+from . import configs
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def capability_of(t: torch.Tensor):
+    """Device capability, or None for CPU tensors (TRITON_INTERPRET=1 runs)."""
+    if t.device.type != "cuda":
+        return None
+    return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
+    from .triton_grouped_gemm import launch_grouped_gemm
+
+    cfg = configs.gemm_config(w.shape[1], a.shape[1], a.shape[0], a.dtype, capability_of(a))
+    launch_grouped_gemm(a, w, cu_seqlens, out, cfg)
+
+
+def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
+    from .triton_silu_mul_weight import launch_silu_mul_weight
+
+    cfg = configs.eltwise_config(gate.shape[1], capability_of(gate))
+    launch_silu_mul_weight(gate, up, route_weights, cu_seqlens, out, cfg)
+
+
+def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
+    if _checks.debug_checks_enabled():
+        _checks.check_cu_seqlens_values(op_name, cu_seqlens, num_rows)
+
+
+def grouped_gemm(a, w, cu_seqlens):
+    _checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
+    _debug_checks("grouped_gemm", cu_seqlens, a.shape[0])
+    out = torch.empty((a.shape[0], w.shape[1]), dtype=a.dtype, device=a.device)
+    grouped_gemm_into(a, w, cu_seqlens, out)
+    return out
+
+
+def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
+    _checks.check_grouped_gemm("grouped_gemm_out", a, w, cu_seqlens)
+    _checks.check_out("grouped_gemm_out", out, (a.shape[0], w.shape[1]), a.dtype, a.device)
+    _debug_checks("grouped_gemm_out", cu_seqlens, a.shape[0])
+    grouped_gemm_into(a, w, cu_seqlens, out)
+
+
+def silu_mul_weight(gate, up, route_weights, cu_seqlens):
+    _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
+    _debug_checks("silu_mul_weight", cu_seqlens, gate.shape[0])
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out)
+    return out
+
+
+lib.impl("grouped_gemm", grouped_gemm, "CUDA")
+lib.impl("grouped_gemm_out", grouped_gemm_out, "CUDA")
+lib.impl("silu_mul_weight", silu_mul_weight, "CUDA")

@@ -1,0 +1,160 @@
+"""Expert-path benchmark on one GPU: every path on every shape of shared/BASELINE.md.
+
+Time = median CUDA-graph replay (after warm-up) of the whole expert path. Floor =
+max(FLOPs / matmul ceiling, bytes / copy ceiling), both ceilings measured in the same run.
+Usage: python -m benchmarks.run [--out results.json] [--reps 50] [--paths vllm,moonep]
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from .paths import PATHS
+from .shapes import SHAPES, build_problem
+
+
+def _median_graph_ms(fn, reps: int) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(5):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure_ceilings() -> dict:
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = _median_graph_ms(lambda: torch.mm(a, b), 20)
+    tflops = 2 * n ** 3 / ms / 1e9
+    src = torch.empty(2 ** 31, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = _median_graph_ms(lambda: dst.copy_(src), 20)
+    tbps = 2 * src.numel() / ms / 1e9
+    del a, b, src, dst
+    return {"matmul_tflops": tflops, "copy_tbps": tbps}
+
+
+def host_cost_us(fn, reps=200) -> float:
+    """Eager host time per call on a tiny problem (GPU time negligible)."""
+    g, h, i, nvs = 4, 128, 128, 256
+    x = torch.randn(nvs, h, device="cuda", dtype=torch.bfloat16)
+    wg = torch.randn(g, i, h, device="cuda", dtype=torch.bfloat16)
+    wu = torch.randn(g, i, h, device="cuda", dtype=torch.bfloat16)
+    wd = torch.randn(g, h, i, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([64, 128, 192, 256], dtype=torch.int32, device="cuda")
+    rw = torch.rand(nvs, device="cuda")
+    out = torch.empty(nvs, h, device="cuda", dtype=torch.bfloat16)
+    for _ in range(20):
+        fn(x, wg, wu, wd, cu, rw, out)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn(x, wg, wu, wd, cu, rw, out)
+        samples.append((time.perf_counter() - t0) / reps * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def floor_us(sizes, shape, ceilings) -> tuple[float, float, float, str]:
+    rows = sum(sizes)
+    nonempty = sum(1 for s in sizes if s)
+    flops = 2 * rows * shape.hidden * shape.inter * 3
+    nvs_rows = rows  # x read and out written for the live rows; the tail costs nothing
+    nbytes = (nonempty * 3 * shape.hidden * shape.inter * 2 + 2 * nvs_rows * shape.hidden * 2 + nvs_rows * 4)
+    t_flop = flops / (ceilings["matmul_tflops"] * 1e12) * 1e6
+    t_byte = nbytes / (ceilings["copy_tbps"] * 1e12) * 1e6
+    return max(t_flop, t_byte), flops, nbytes, "compute" if t_flop > t_byte else "memory"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--paddings", default="128,1")
+    parser.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES")
+    args = parser.parse_args(argv)
+    paths = {k: PATHS[k] for k in args.paths.split(",")}
+    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    import triton
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    ceilings = measure_ceilings()
+    print(f"# {env}  ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s, {ceilings['copy_tbps']:.2f} TB/s")
+    host = {name: host_cost_us(fn) for name, fn in paths.items()}
+    print("# eager host cost per call (us): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
+    rows = []
+    for padding in [int(p) for p in args.paddings.split(",")]:
+        for shape in shapes:
+            x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
+            floor, flops, nbytes, bound = floor_us(sizes, shape, ceilings)
+            live = sum(sizes)
+            ref = None
+            row = {"shape": shape.name, "token_padding": padding, "nvs": x.shape[0], "rows": live,
+                   "nonempty": sum(1 for s in sizes if s), "floor_us": floor, "bound": bound}
+            for name, fn in paths.items():
+                out = torch.full((x.shape[0], shape.hidden), float("nan"), device="cuda", dtype=torch.bfloat16)
+                try:
+                    fn(x, wg, wu, wd, cu, rw, out)
+                    torch.cuda.synchronize()
+                    if ref is None:
+                        ref = out[:live].float()
+                        err = 0.0
+                    else:
+                        err = float((out[:live].float() - ref).norm() / ref.norm())
+                    tail_zero = bool((out[live:] == 0).all())
+                    ms = _median_graph_ms(lambda: fn(x, wg, wu, wd, cu, rw, out), args.reps)
+                    us = ms * 1e3
+                    row[name] = {"us": us, "eff": floor / us, "tflops": flops / us / 1e6,
+                                 "tbps": nbytes / us / 1e6, "err_vs_first": err, "tail_zero": tail_zero}
+                except Exception as exc:  # a path that cannot run a shape is reported, not fatal
+                    row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            rows.append(row)
+            del x, wg, wu, wd
+            torch.cuda.empty_cache()
+            _print_row(row, paths)
+    result = {"env": env, "ceilings": ceilings, "host_us": host, "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def _print_row(row, paths):
+    parts = [f"{row['shape']:<28} pad={row['token_padding']:<3} floor {row['floor_us']:7.0f}us"]
+    base = row.get("vllm", {}).get("us")
+    for name in paths:
+        r = row[name]
+        if "error" in r:
+            parts.append(f"{name}: ERROR {r['error'][:60]}")
+        else:
+            sp = f" x{base / r['us']:.2f}" if base else ""
+            parts.append(f"{name} {r['us']:7.0f}us eff {r['eff']:.2f}{sp} err {r['err_vs_first']:.1e}"
+                         f"{'' if r['tail_zero'] else ' TAIL!=0'}")
+    print(" | ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Deterministic block configs for the Triton kernels.
+
+No autotuning at call time (it cannot run inside CUDA-graph capture, and it would make a
+call's cost depend on history): a config is a pure function of the problem's static
+metadata ``(N, K, NvS, dtype, device capability)``. Nothing here queries CUDA at import.
+"""
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EltwiseConfig:
+    block_rows: int
+    block_cols: int
+    num_warps: int
+
+
+# Small blocks for TRITON_INTERPRET=1 on CPU tensors: the interpreter runs numpy per block,
+# so small tiles keep tests quick while still crossing block edges on odd sizes.
+INTERPRETER_GEMM = GemmConfig(16, 16, 16, 1, 1)
+INTERPRETER_ELTWISE = EltwiseConfig(16, 16, 1)
+
+
+def gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
+                capability: tuple[int, int] | None) -> GemmConfig:
+    """Block config for a grouped GEMM producing ``[num_rows, n]`` with reduction ``k``.
+
+    ``capability`` is None for the interpreter (CPU tensors).
+    """
+    if capability is None:
+        return INTERPRETER_GEMM
+    if dtype == torch.float32:
+        # fp32 operands take twice the shared memory per element; IEEE fp32 dots are slow anyway.
+        return GemmConfig(64, 64, 32, 4, 3)
+    if capability >= (9, 0):
+        return GemmConfig(128, 128, 64, 8, 4)
+    return GemmConfig(128, 128, 32, 8, 3)  # sm80/sm86/sm89: ~100-164 KB of shared memory
+
+
+def eltwise_config(cols: int, capability: tuple[int, int] | None) -> EltwiseConfig:
+    if capability is None:
+        return INTERPRETER_ELTWISE
+    return EltwiseConfig(16, 256 if cols >= 256 else 128, 4)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole GPU check in one device call: test suites (cuda-marked and all others), then the
+# benchmark. Usage on the GPU machine, from the repo root:  bash scripts/gpu_check.sh [tests|bench|all]
+# Results land in $OUT (or ./gpu_out): junit XML, logs, benchmark JSON, summary.txt.
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+what=${1:-all}
+export PYTHONUNBUFFERED=1
+# expecttest is not on the GPU image: carried as a wheel in .whl/ (see README).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+status=0
+{
+  echo "date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+} | tee "$OUT/summary.txt"
+run_pytest() {  # name, extra env..., pytest args
+  local name=$1; shift
+  python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit_$name.xml" "$@" 2>&1 | tee "$OUT/pytest_$name.log" | tail -n 25
+  local rc=${PIPESTATUS[0]}
+  echo "pytest[$name] rc=$rc: $(tail -n 1 "$OUT/pytest_$name.log")" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || status=1
+}
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  run_pytest cuda -m cuda tests compile_tests
+  # The portable (sm80) path on the same GPU, where a Hopper-specific path exists.
+  MOONEP_OPS_PORTABLE=1 run_pytest cuda_portable -m cuda tests
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 -m benchmarks.run --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 20
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  echo "bench rc=${PIPESTATUS[0]}" >> "$OUT/summary.txt"
+fi
+echo "gpu_check status=$status" | tee -a "$OUT/summary.txt"
+exit $status

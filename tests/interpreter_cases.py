@@ -1,0 +1,81 @@
+"""Cases for the Triton kernels on CPU tensors, run by test_triton_interpreter.py in a
+subprocess with ``TRITON_INTERPRET=1`` (Triton's own ``@jit`` helpers pick the interpreter
+when Triton is imported, so the variable must be set before that). fp32/fp16 only: the
+interpreter's bf16 ``tl.dot`` is wrong (triton issue 11584).
+"""
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("run by test_triton_interpreter.py with TRITON_INTERPRET=1", allow_module_level=True)
+pytest.importorskip("triton")
+
+from moonep_ops.kernels import configs  # noqa: E402
+from .layouts import LAYOUTS, Layout, grouped_gemm_inputs, silu_mul_weight_inputs  # noqa: E402
+from .reference import TOLERANCE, grouped_gemm_ref, rel_err, silu_mul_weight_ref  # noqa: E402
+
+# g1100 takes minutes in the interpreter; g600_sparse crosses several cu_seqlens scan
+# chunks (BLOCK_G = 256) with a small grid instead.
+INTERP_LAYOUTS = [lay for lay in LAYOUTS if lay.name != "g1100"] + [
+    Layout("g600_sparse", tuple(3 if g % 97 == 5 else 0 for g in range(600)) + (2,), 40, k=20, n=24),
+]
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    from moonep_ops.kernels import triton_grouped_gemm, triton_silu_mul_weight
+
+    return triton_grouped_gemm, triton_silu_mul_weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", INTERP_LAYOUTS, ids=[lay.name for lay in INTERP_LAYOUTS])
+def test_grouped_gemm_interpreted(interpreted, layout, dtype):
+    gemm, _ = interpreted
+    a, w, cu = grouped_gemm_inputs(layout, dtype)
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype)
+    gemm.launch_grouped_gemm(a, w, cu, out, configs.INTERPRETER_GEMM)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, grouped_gemm_ref(a, w, cu)) <= TOLERANCE[dtype]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+
+
+def test_grouped_gemm_interpreted_strided(interpreted):
+    """Non-contiguous a and w (transposed storage) go through the stride arguments."""
+    gemm, _ = interpreted
+    layout = LAYOUTS[0]
+    a, w, cu = grouped_gemm_inputs(layout, torch.float32)
+    a_t = a.t().contiguous().t()
+    w_t = w.transpose(1, 2).contiguous().transpose(1, 2)
+    out = torch.full((layout.nvs, layout.n), float("nan"))
+    gemm.launch_grouped_gemm(a_t, w_t, cu, out, configs.INTERPRETER_GEMM)
+    assert rel_err(out, grouped_gemm_ref(a, w, cu)) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", INTERP_LAYOUTS, ids=[lay.name for lay in INTERP_LAYOUTS])
+def test_silu_mul_weight_interpreted(interpreted, layout, dtype, with_weights):
+    _, act = interpreted
+    gate, up, rw, cu = silu_mul_weight_inputs(layout, dtype, with_weights=with_weights)
+    out = torch.full_like(gate, float("nan"))
+    act.launch_silu_mul_weight(gate, up, rw, cu, out, configs.INTERPRETER_ELTWISE)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, silu_mul_weight_ref(gate, up, rw, cu)) <= TOLERANCE[dtype]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+
+
+def test_invalid_cu_seqlens_stay_in_bounds(interpreted):
+    """cu_seqlens[-1] > NvS (invalid, unchecked on CUDA) must not write past the buffer."""
+    gemm, _ = interpreted
+    a = torch.randn(20, 8)
+    w = torch.randn(2, 4, 8)
+    cu = torch.tensor([5, 50], dtype=torch.int32)
+    storage = torch.full((30, 4), 7.0)
+    out = storage[:20]
+    gemm.launch_grouped_gemm(a, w, cu, out, configs.INTERPRETER_GEMM)
+    assert torch.equal(storage[20:], torch.full((10, 4), 7.0)), "wrote past NvS"
+    assert rel_err(out[:5], a[:5].double() @ w[0].double().T) <= 1e-5

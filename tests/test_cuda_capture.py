@@ -1,0 +1,146 @@
+"""CUDA-only: capture safety (no host sync, graph capture/replay) and large-size addressing."""
+
+import pytest
+import torch
+
+import moonep_ops
+from .layouts import Layout, experts_inputs, grouped_gemm_inputs, silu_mul_weight_inputs
+from .reference import TOLERANCE, experts_ref, grouped_gemm_ref, rel_err, silu_mul_weight_ref
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+NVS = 640
+# Two layouts with the same G and NvS but different segments: a graph captured on one
+# must replay correctly on the other after an in-place copy of the inputs.
+LAYOUT_A = Layout("capture_a", (128, 0, 256, 0, 128, 0), NVS, k=96, n=80, padded_to=1)
+LAYOUT_B = Layout("capture_b", (0, 384, 0, 7, 0, 200), NVS, k=96, n=80, padded_to=1)
+
+
+def _copy_into(dst, src):
+    for d, s in zip(dst, src):
+        if d is not None:
+            d.copy_(s)
+
+
+def _capture(fn, *args):
+    """Warm up on a side stream, capture ``fn(*args)`` in a graph; return (graph, output)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(*args)  # compiles the Triton kernels outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*args)
+    return graph, out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_grouped_gemm_graph_replay_with_new_routing(dtype):
+    inputs = grouped_gemm_inputs(LAYOUT_A, dtype, "cuda")
+    graph, out = _capture(moonep_ops.grouped_gemm, *inputs)
+    for layout in (LAYOUT_B, LAYOUT_A, LAYOUT_B):
+        new = grouped_gemm_inputs(layout, dtype, "cuda")
+        _copy_into(inputs, new)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, moonep_ops.grouped_gemm(*new))
+        assert rel_err(out, grouped_gemm_ref(*new)) <= TOLERANCE[dtype]
+
+
+def test_grouped_gemm_out_graph_replay():
+    a, w, cu = grouped_gemm_inputs(LAYOUT_A, torch.bfloat16, "cuda")
+    out = torch.empty(NVS, LAYOUT_A.n, dtype=torch.bfloat16, device="cuda")
+    graph, _ = _capture(lambda *args: moonep_ops.grouped_gemm(*args, out=out), a, w, cu)
+    new = grouped_gemm_inputs(LAYOUT_B, torch.bfloat16, "cuda")
+    _copy_into((a, w, cu), new)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, grouped_gemm_ref(*new)) <= 1e-2
+    assert torch.equal(out[LAYOUT_B.total:], torch.zeros_like(out[LAYOUT_B.total:]))
+
+
+@pytest.mark.parametrize("with_weights", [True, False])
+def test_silu_mul_weight_graph_replay(with_weights):
+    inputs = silu_mul_weight_inputs(LAYOUT_A, torch.bfloat16, "cuda", with_weights=with_weights)
+    graph, out = _capture(moonep_ops.silu_mul_weight, *inputs)
+    new = silu_mul_weight_inputs(LAYOUT_B, torch.bfloat16, "cuda", with_weights=with_weights)
+    _copy_into(inputs, new)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, moonep_ops.silu_mul_weight(*new))
+    assert rel_err(out, silu_mul_weight_ref(*new)) <= 1e-2
+
+
+def test_experts_graph_replay_and_no_sync():
+    inputs = experts_inputs(LAYOUT_A, torch.bfloat16, "cuda")
+    out = torch.empty(NVS, LAYOUT_A.k, dtype=torch.bfloat16, device="cuda")
+
+    def step(*args):
+        return moonep_ops.moonep_experts(*args, out=out)
+
+    graph, _ = _capture(step, *inputs)
+    new = experts_inputs(LAYOUT_B, torch.bfloat16, "cuda")
+    _copy_into(inputs, new)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, experts_ref(*new)) <= 1e-2
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = moonep_ops.moonep_experts(*new)
+        eager_out = torch.empty_like(eager)
+        moonep_ops.moonep_experts(*new, out=eager_out)
+        moonep_ops.moonep_experts(*new[:-1], None)  # route weights applied on the input
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(eager, out)
+    assert torch.equal(eager_out, out)
+
+
+def _rows_ref(a, w, cu_list, rows):
+    """float64 result for selected rows, computed on the GPU (the full reference is too big)."""
+    import bisect
+    res = []
+    for r in rows:
+        g = bisect.bisect_right(cu_list, r)
+        res.append(a[r].double() @ w[g].double().T)
+    return torch.stack(res)
+
+
+@pytest.mark.parametrize("case", ["many_rows", "many_groups"])
+def test_large_sizes_no_int32_overflow(case):
+    """NvS*K and G*N*K beyond 2**31 elements: 64-bit addressing in the kernels."""
+    if case == "many_rows":
+        nvs, k, n, g = 262144, 8320, 128, 4
+        sizes = [65536, 0, 131072, 65536 - 200]
+    else:
+        nvs, k, n, g = 8192, 640, 1024, 4096
+        sizes = [0] * g
+        for i in range(0, g, 2):
+            sizes[i] = 4
+        sizes[-1] = nvs - sum(sizes[:-1]) - 64
+    free = torch.cuda.mem_get_info()[0]
+    if free < 12 * 2 ** 30:
+        pytest.skip("needs 12 GiB of free GPU memory")
+    a = torch.randn(nvs, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    assert max(a.numel(), w.numel()) > 2 ** 31
+    cu_list = torch.tensor(sizes).cumsum(0).tolist()
+    cu = torch.tensor(cu_list, dtype=torch.int32, device="cuda")
+    a[cu_list[-1]:] = float("nan")
+    out = moonep_ops.grouped_gemm(a, w, cu)
+    torch.cuda.synchronize()
+    last = cu_list[-1]
+    rows = [0, 1, cu_list[0] - 1, last // 2, last - 2, last - 1]
+    rows = sorted({r for r in rows if 0 <= r < last})
+    ref = _rows_ref(a, w, cu_list, rows)
+    got = out[rows].double()
+    assert float((got - ref).norm() / ref.norm()) <= 1e-2
+    assert not torch.isnan(out).any()
+    assert torch.count_nonzero(out[last:]) == 0
