@@ -46,10 +46,10 @@ def measure_ceilings() -> dict:
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     ms = _median_graph_ms(lambda: torch.mm(a, b), 20)
     tflops = 2 * n ** 3 / ms / 1e9
-    src = torch.empty(2 ** 31, dtype=torch.uint8, device="cuda")
+    src = torch.randn(2 ** 30, device="cuda")  # 4 GiB, far past L2
     dst = torch.empty_like(src)
     ms = _median_graph_ms(lambda: dst.copy_(src), 20)
-    tbps = 2 * src.numel() / ms / 1e9
+    tbps = 2 * src.numel() * src.element_size() / ms / 1e9
     del a, b, src, dst
     return {"matmul_tflops": tflops, "copy_tbps": tbps}
 

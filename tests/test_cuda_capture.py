@@ -121,10 +121,8 @@ def test_large_sizes_no_int32_overflow(case):
         sizes = [65536, 0, 131072, 65536 - 200]
     else:
         nvs, k, n, g = 8192, 640, 1024, 4096
-        sizes = [0] * g
-        for i in range(0, g, 2):
-            sizes[i] = 4
-        sizes[-1] = nvs - sum(sizes[:-1]) - 64
+        sizes = [3 if i % 4 == 0 else 0 for i in range(g - 1)]
+        sizes.append(nvs - sum(sizes) - 64)
     free = torch.cuda.mem_get_info()[0]
     if free < 12 * 2 ** 30:
         pytest.skip("needs 12 GiB of free GPU memory")
