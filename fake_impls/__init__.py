@@ -32,3 +32,9 @@ def grouped_gemm_out(a, w, cu_seqlens, out):
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
     _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
     return gate.new_empty(gate.shape)
+
+
+@_fake("grouped_gemm_silu_mul")
+def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
+    _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
+    return x.new_empty((x.shape[0], w_gate.shape[1]))

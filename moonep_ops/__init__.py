@@ -10,8 +10,8 @@ from . import _library  # noqa: F401  (defines the schemas first)
 from . import kernels  # noqa: F401  (registers the kernels)
 import fake_impls  # noqa: F401,E402  (registers the fakes)
 
-from .ops import grouped_gemm, moonep_experts, silu_mul_weight  # noqa: E402
+from .ops import grouped_gemm, grouped_gemm_silu_mul, moonep_experts, silu_mul_weight  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["grouped_gemm", "silu_mul_weight", "moonep_experts", "__version__"]
+__all__ = ["grouped_gemm", "silu_mul_weight", "grouped_gemm_silu_mul", "moonep_experts", "__version__"]

@@ -31,15 +31,25 @@ def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
-def _fail(op_name: str, msg: str):
-    return lambda: f"moonep::{op_name}: {msg}"
+def _fail(op_name: str, msg):
+    """The message callable for ``torch._check``: ``msg`` (a str or a callable) is formatted
+    only when the check fails, so passing checks cost no string formatting."""
+    return lambda: f"moonep::{op_name}: {msg() if callable(msg) else msg}"
+
+
+def _check(cond, message) -> None:
+    """``torch._check``, with a fast exit for a plain ``True`` (the eager case); symbolic
+    conditions and failures go to ``torch._check``, which raises or defers to a runtime assert."""
+    if cond is True:
+        return
+    torch._check(cond, message)
 
 
 def _check_dtype(op_name: str, arg: str, t: torch.Tensor) -> None:
     allowed = _CUDA_DTYPES if t.device.type == "cuda" else _CPU_DTYPES
-    torch._check(
+    _check(
         t.dtype in allowed,
-        _fail(op_name, f"{arg} has dtype {t.dtype}, expected one of "
+        _fail(op_name, lambda: f"{arg} has dtype {t.dtype}, expected one of "
               f"{', '.join(str(d) for d in allowed)} on {t.device.type}"),
     )
 
@@ -48,49 +58,49 @@ def _check_same_device(op_name: str, ref_name: str, ref: torch.Tensor, **others)
     for name, t in others.items():
         if t is None:
             continue
-        torch._check(
+        _check(
             t.device == ref.device,
-            _fail(op_name, f"{name} is on {t.device} but {ref_name} is on {ref.device}; "
+            _fail(op_name, lambda: f"{name} is on {t.device} but {ref_name} is on {ref.device}; "
                   "all tensors must be on one device"),
         )
 
 
 def _check_cu_seqlens_meta(op_name: str, cu_seqlens: torch.Tensor, num_groups=None) -> None:
-    torch._check(
+    _check(
         cu_seqlens.dim() == 1,
-        _fail(op_name, f"cu_seqlens must be 1-D [G], got shape {_shape(cu_seqlens)}"),
+        _fail(op_name, lambda: f"cu_seqlens must be 1-D [G], got shape {_shape(cu_seqlens)}"),
     )
-    torch._check(
+    _check(
         cu_seqlens.dtype == torch.int32,
-        _fail(op_name, f"cu_seqlens must be int32, got {cu_seqlens.dtype}"),
+        _fail(op_name, lambda: f"cu_seqlens must be int32, got {cu_seqlens.dtype}"),
     )
     if num_groups is None:
-        torch._check(
+        _check(
             cu_seqlens.shape[0] >= 1,
             _fail(op_name, "cu_seqlens must have at least one segment, got shape [0]"),
         )
     else:
-        torch._check(
+        _check(
             cu_seqlens.shape[0] == num_groups,
-            _fail(op_name, f"cu_seqlens has {cu_seqlens.shape[0]} entries but w has "
+            _fail(op_name, lambda: f"cu_seqlens has {cu_seqlens.shape[0]} entries but w has "
                   f"G = {num_groups} groups (w.shape[0]); they must match"),
         )
 
 
 def check_grouped_gemm(op_name: str, a: torch.Tensor, w: torch.Tensor,
                        cu_seqlens: torch.Tensor) -> None:
-    torch._check(a.dim() == 2, _fail(op_name, f"a must be 2-D [NvS, K], got shape {_shape(a)}"))
-    torch._check(w.dim() == 3, _fail(op_name, f"w must be 3-D [G, N, K], got shape {_shape(w)}"))
-    torch._check(w.shape[0] >= 1, _fail(op_name, f"w must have G >= 1 groups, got shape {_shape(w)}"))
-    torch._check(
+    _check(a.dim() == 2, _fail(op_name, lambda: f"a must be 2-D [NvS, K], got shape {_shape(a)}"))
+    _check(w.dim() == 3, _fail(op_name, lambda: f"w must be 3-D [G, N, K], got shape {_shape(w)}"))
+    _check(w.shape[0] >= 1, _fail(op_name, lambda: f"w must have G >= 1 groups, got shape {_shape(w)}"))
+    _check(
         a.shape[1] == w.shape[2],
-        _fail(op_name, f"a is [NvS, K] = {_shape(a)} and w is [G, N, K] = {_shape(w)}: "
+        _fail(op_name, lambda: f"a is [NvS, K] = {_shape(a)} and w is [G, N, K] = {_shape(w)}: "
               "K must match (out = a @ w[g].T)"),
     )
     _check_dtype(op_name, "a", a)
-    torch._check(
+    _check(
         w.dtype == a.dtype,
-        _fail(op_name, f"w has dtype {w.dtype} but a has dtype {a.dtype}; they must match"),
+        _fail(op_name, lambda: f"w has dtype {w.dtype} but a has dtype {a.dtype}; they must match"),
     )
     _check_same_device(op_name, "a", a, w=w, cu_seqlens=cu_seqlens)
     _check_cu_seqlens_meta(op_name, cu_seqlens, w.shape[0])
@@ -99,44 +109,50 @@ def check_grouped_gemm(op_name: str, a: torch.Tensor, w: torch.Tensor,
 def check_out(op_name: str, out: torch.Tensor, shape, dtype: torch.dtype,
               device: torch.device) -> None:
     expected = "[" + ", ".join(str(s) for s in shape) + "]"
-    torch._check(
+    _check(
         out.dim() == len(shape) and all(o == s for o, s in zip(out.shape, shape)),
-        _fail(op_name, f"out has shape {_shape(out)}, expected {expected}"),
+        _fail(op_name, lambda: f"out has shape {_shape(out)}, expected {expected}"),
     )
-    torch._check(out.dtype == dtype, _fail(op_name, f"out has dtype {out.dtype}, expected {dtype}"))
-    torch._check(out.device == device, _fail(op_name, f"out is on {out.device}, expected {device}"))
-    torch._check(
+    _check(out.dtype == dtype, _fail(op_name, lambda: f"out has dtype {out.dtype}, expected {dtype}"))
+    _check(out.device == device, _fail(op_name, lambda: f"out is on {out.device}, expected {device}"))
+    _check(
         out.is_contiguous(),
-        _fail(op_name, f"out must be contiguous, got shape {_shape(out)} with strides {list(out.stride())}"),
+        _fail(op_name, lambda: f"out must be contiguous, got shape {_shape(out)} with strides {list(out.stride())}"),
     )
 
 
 def check_silu_mul_weight(op_name: str, gate: torch.Tensor, up: torch.Tensor,
                           route_weights, cu_seqlens: torch.Tensor) -> None:
-    torch._check(gate.dim() == 2, _fail(op_name, f"gate must be 2-D [NvS, I], got shape {_shape(gate)}"))
-    torch._check(
+    _check(gate.dim() == 2, _fail(op_name, lambda: f"gate must be 2-D [NvS, I], got shape {_shape(gate)}"))
+    _check(
         up.dim() == gate.dim() and all(u == g for u, g in zip(up.shape, gate.shape)),
-        _fail(op_name, f"up has shape {_shape(up)} but gate has shape {_shape(gate)}; they must match"),
+        _fail(op_name, lambda: f"up has shape {_shape(up)} but gate has shape {_shape(gate)}; they must match"),
     )
     _check_dtype(op_name, "gate", gate)
-    torch._check(
+    _check(
         up.dtype == gate.dtype,
-        _fail(op_name, f"up has dtype {up.dtype} but gate has dtype {gate.dtype}; they must match"),
+        _fail(op_name, lambda: f"up has dtype {up.dtype} but gate has dtype {gate.dtype}; they must match"),
     )
     _check_same_device(op_name, "gate", gate, up=up, route_weights=route_weights,
                        cu_seqlens=cu_seqlens)
-    if route_weights is not None:
-        torch._check(
-            route_weights.dim() == 1 and route_weights.shape[0] == gate.shape[0],
-            _fail(op_name, f"route_weights must be [NvS] = [{gate.shape[0]}] (one per row of gate), "
-                  f"got shape {_shape(route_weights)}"),
-        )
-        allowed = (torch.float32, torch.float64) if gate.dtype == torch.float64 else (torch.float32,)
-        torch._check(
-            route_weights.dtype in allowed,
-            _fail(op_name, f"route_weights must be float32, got {route_weights.dtype}"),
-        )
+    _check_route_weights(op_name, route_weights, gate, "gate")
     _check_cu_seqlens_meta(op_name, cu_seqlens)
+
+
+def _check_route_weights(op_name: str, route_weights, rows: torch.Tensor, rows_name: str) -> None:
+    """``route_weights`` is None or ``[NvS]`` float32 (float64 allowed with float64 rows)."""
+    if route_weights is None:
+        return
+    _check(
+        route_weights.dim() == 1 and route_weights.shape[0] == rows.shape[0],
+        _fail(op_name, lambda: f"route_weights must be [NvS] = [{rows.shape[0]}] (one per row of {rows_name}), "
+              f"got shape {_shape(route_weights)}"),
+    )
+    allowed = (torch.float32, torch.float64) if rows.dtype == torch.float64 else (torch.float32,)
+    _check(
+        route_weights.dtype in allowed,
+        _fail(op_name, lambda: f"route_weights must be float32, got {route_weights.dtype}"),
+    )
 
 
 def check_cu_seqlens_values(op_name: str, cu_seqlens: torch.Tensor, num_rows: int) -> None:
@@ -158,3 +174,19 @@ def check_cu_seqlens_values(op_name: str, cu_seqlens: torch.Tensor, num_rows: in
     if last > num_rows:
         raise RuntimeError(f"moonep::{op_name}: cu_seqlens[-1] = {last} exceeds NvS = {num_rows} "
                            "(the number of rows)")
+
+
+def check_grouped_gemm_silu_mul(op_name: str, x: torch.Tensor, w_gate: torch.Tensor,
+                                w_up: torch.Tensor, route_weights, cu_seqlens: torch.Tensor) -> None:
+    check_grouped_gemm(op_name, x, w_gate, cu_seqlens)
+    _check(
+        w_up.dim() == 3 and all(u == g for u, g in zip(w_up.shape, w_gate.shape)),
+        _fail(op_name, lambda: f"w_up has shape {_shape(w_up)} but w_gate has shape {_shape(w_gate)}; "
+              "they must match ([G, I, H])"),
+    )
+    _check(
+        w_up.dtype == x.dtype,
+        _fail(op_name, lambda: f"w_up has dtype {w_up.dtype} but x has dtype {x.dtype}; they must match"),
+    )
+    _check_same_device(op_name, "x", x, w_up=w_up, route_weights=route_weights)
+    _check_route_weights(op_name, route_weights, x, "x")

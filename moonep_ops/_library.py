@@ -18,6 +18,10 @@ SCHEMAS: dict[str, str] = {
     "silu_mul_weight": (
         "silu_mul_weight(Tensor gate, Tensor up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor"
     ),
+    "grouped_gemm_silu_mul": (
+        "grouped_gemm_silu_mul(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, "
+        "Tensor cu_seqlens) -> Tensor"
+    ),
 }
 
 lib = torch.library.Library(NAMESPACE, "DEF")

@@ -14,6 +14,7 @@ from ._library import op
 _grouped_gemm = op("grouped_gemm")
 _grouped_gemm_out = op("grouped_gemm_out")
 _silu_mul_weight = op("silu_mul_weight")
+_grouped_gemm_silu_mul = op("grouped_gemm_silu_mul")
 
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, cu_seqlens: torch.Tensor, *,
@@ -48,6 +49,18 @@ def silu_mul_weight(gate: torch.Tensor, up: torch.Tensor,
     return _silu_mul_weight(gate, up, route_weights, cu_seqlens)
 
 
+def grouped_gemm_silu_mul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                          route_weights: Optional[torch.Tensor],
+                          cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Fused ``silu(x @ w_gate[g].T) * (x @ w_up[g].T) * route_weights[:, None]`` per segment.
+
+    One grouped GEMM that reads each ``x`` tile once for both projections and applies the
+    activation to the fp32 accumulators: gate and up are never rounded or written out.
+    Returns ``act [NvS, I]`` in ``x``'s dtype; rows at or past ``cu_seqlens[-1]`` are zero.
+    """
+    return _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
+
+
 def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                    w_down: torch.Tensor, cu_seqlens: torch.Tensor,
                    route_weights: Optional[torch.Tensor] = None, *,
@@ -58,7 +71,5 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     Returns ``[NvS, H]`` (written into ``out`` when given); rows at or past
     ``cu_seqlens[-1]`` are zero.
     """
-    gate = _grouped_gemm(x, w_gate, cu_seqlens)
-    up = _grouped_gemm(x, w_up, cu_seqlens)
-    act = _silu_mul_weight(gate, up, route_weights, cu_seqlens)
+    act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
     return grouped_gemm(act, w_down, cu_seqlens, out=out)

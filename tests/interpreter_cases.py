@@ -14,8 +14,10 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 
 from moonep_ops.kernels import configs  # noqa: E402
-from .layouts import LAYOUTS, Layout, grouped_gemm_inputs, silu_mul_weight_inputs  # noqa: E402
-from .reference import TOLERANCE, grouped_gemm_ref, rel_err, silu_mul_weight_ref  # noqa: E402
+from .layouts import (LAYOUTS, Layout, experts_inputs, grouped_gemm_inputs,  # noqa: E402
+                      silu_mul_weight_inputs)
+from .reference import (TOLERANCE, grouped_gemm_ref, grouped_gemm_silu_mul_ref, rel_err,  # noqa: E402
+                        silu_mul_weight_ref)
 
 # g1100 takes minutes in the interpreter; g600_sparse crosses several cu_seqlens scan
 # chunks (BLOCK_G = 256) with a small grid instead.
@@ -26,15 +28,15 @@ INTERP_LAYOUTS = [lay for lay in LAYOUTS if lay.name != "g1100"] + [
 
 @pytest.fixture(scope="module")
 def interpreted():
-    from moonep_ops.kernels import triton_grouped_gemm, triton_silu_mul_weight
+    from moonep_ops.kernels import triton_grouped_gemm, triton_grouped_gemm_silu_mul, triton_silu_mul_weight
 
-    return triton_grouped_gemm, triton_silu_mul_weight
+    return triton_grouped_gemm, triton_silu_mul_weight, triton_grouped_gemm_silu_mul
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", INTERP_LAYOUTS, ids=[lay.name for lay in INTERP_LAYOUTS])
 def test_grouped_gemm_interpreted(interpreted, layout, dtype):
-    gemm, _ = interpreted
+    gemm = interpreted[0]
     a, w, cu = grouped_gemm_inputs(layout, dtype)
     out = torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype)
     gemm.launch_grouped_gemm(a, w, cu, out, configs.INTERPRETER_GEMM)
@@ -45,7 +47,7 @@ def test_grouped_gemm_interpreted(interpreted, layout, dtype):
 
 def test_grouped_gemm_interpreted_strided(interpreted):
     """Non-contiguous a and w (transposed storage) go through the stride arguments."""
-    gemm, _ = interpreted
+    gemm = interpreted[0]
     layout = LAYOUTS[0]
     a, w, cu = grouped_gemm_inputs(layout, torch.float32)
     a_t = a.t().contiguous().t()
@@ -59,7 +61,7 @@ def test_grouped_gemm_interpreted_strided(interpreted):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", INTERP_LAYOUTS, ids=[lay.name for lay in INTERP_LAYOUTS])
 def test_silu_mul_weight_interpreted(interpreted, layout, dtype, with_weights):
-    _, act = interpreted
+    act = interpreted[1]
     gate, up, rw, cu = silu_mul_weight_inputs(layout, dtype, with_weights=with_weights)
     out = torch.full_like(gate, float("nan"))
     act.launch_silu_mul_weight(gate, up, rw, cu, out, configs.INTERPRETER_ELTWISE)
@@ -70,7 +72,7 @@ def test_silu_mul_weight_interpreted(interpreted, layout, dtype, with_weights):
 
 def test_invalid_cu_seqlens_stay_in_bounds(interpreted):
     """cu_seqlens[-1] > NvS (invalid, unchecked on CUDA) must not write past the buffer."""
-    gemm, _ = interpreted
+    gemm = interpreted[0]
     a = torch.randn(20, 8)
     w = torch.randn(2, 4, 8)
     cu = torch.tensor([5, 50], dtype=torch.int32)
@@ -79,3 +81,20 @@ def test_invalid_cu_seqlens_stay_in_bounds(interpreted):
     gemm.launch_grouped_gemm(a, w, cu, out, configs.INTERPRETER_GEMM)
     assert torch.equal(storage[20:], torch.full((10, 4), 7.0)), "wrote past NvS"
     assert rel_err(out[:5], a[:5].double() @ w[0].double().T) <= 1e-5
+
+
+# The fused kernel is the slowest to interpret: fp32 everywhere, fp16 on a few layouts.
+FUSED_CASES = [(lay, torch.float32) for lay in INTERP_LAYOUTS] + [
+    (lay, torch.float16) for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "tail_rows", "g600_sparse")]
+
+
+@pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])
+@pytest.mark.parametrize("layout,dtype", FUSED_CASES, ids=[f"{lay.name}-{dt}" for lay, dt in FUSED_CASES])
+def test_grouped_gemm_silu_mul_interpreted(interpreted, layout, dtype, with_weights):
+    fused = interpreted[2]
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, dtype, with_weights=with_weights)
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype)
+    fused.launch_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu, out, configs.INTERPRETER_GEMM)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)) <= TOLERANCE[dtype]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))

@@ -40,11 +40,15 @@ def silu_mul_weight_ref(gate, up, route_weights, cu_seqlens) -> torch.Tensor:
     return out
 
 
-def experts_ref(x, w_gate, w_up, w_down, cu_seqlens, route_weights=None) -> torch.Tensor:
-    """The whole expert path in float64 (no rounding of intermediates)."""
+def grouped_gemm_silu_mul_ref(x, w_gate, w_up, route_weights, cu_seqlens) -> torch.Tensor:
     gate = grouped_gemm_ref(x, w_gate, cu_seqlens)
     up = grouped_gemm_ref(x, w_up, cu_seqlens)
-    act = silu_mul_weight_ref(gate, up, route_weights, cu_seqlens)
+    return silu_mul_weight_ref(gate, up, route_weights, cu_seqlens)
+
+
+def experts_ref(x, w_gate, w_up, w_down, cu_seqlens, route_weights=None) -> torch.Tensor:
+    """The whole expert path in float64 (no rounding of intermediates)."""
+    act = grouped_gemm_silu_mul_ref(x, w_gate, w_up, route_weights, cu_seqlens)
     return grouped_gemm_ref(act, w_down, cu_seqlens)
 
 

@@ -7,8 +7,8 @@ import moonep_ops
 from .conftest import DEVICES
 from .layouts import (LAYOUT_IDS, LAYOUTS, experts_inputs, grouped_gemm_inputs,
                       silu_mul_weight_inputs)
-from .reference import (TOLERANCE, experts_ref, grouped_gemm_ref, rel_err,
-                        silu_mul_weight_ref)
+from .reference import (TOLERANCE, experts_ref, grouped_gemm_ref, grouped_gemm_silu_mul_ref,
+                        rel_err, silu_mul_weight_ref)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -50,6 +50,17 @@ def test_silu_mul_weight(layout, dtype, with_weights, device):
     out = moonep_ops.silu_mul_weight(gate, up, rw, cu)
     assert out.shape == gate.shape and out.dtype == dtype and out.is_contiguous()
     _assert_close_and_zero_tail(out, silu_mul_weight_ref(gate, up, rw, cu), layout, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_grouped_gemm_silu_mul(layout, dtype, with_weights, device):
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, dtype, device, with_weights=with_weights)
+    out = moonep_ops.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
+    assert out.shape == (layout.nvs, layout.n) and out.dtype == dtype and out.is_contiguous()
+    _assert_close_and_zero_tail(out, grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu), layout, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

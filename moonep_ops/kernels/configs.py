@@ -48,6 +48,18 @@ def gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
     return GemmConfig(128, 128, 32, 8, 3)  # sm80/sm86/sm89: ~100-164 KB of shared memory
 
 
+def fused_gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
+                      capability: tuple[int, int] | None) -> GemmConfig:
+    """Config for the fused gate/up GEMM: two accumulators, so half the columns per tile."""
+    if capability is None:
+        return INTERPRETER_GEMM
+    if dtype == torch.float32:
+        return GemmConfig(64, 32, 32, 4, 3)
+    if capability >= (9, 0):
+        return GemmConfig(128, 64, 64, 8, 4)
+    return GemmConfig(128, 64, 32, 8, 3)
+
+
 def eltwise_config(cols: int, capability: tuple[int, int] | None) -> EltwiseConfig:
     if capability is None:
         return INTERPRETER_ELTWISE

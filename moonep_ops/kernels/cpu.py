@@ -58,6 +58,24 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
     return out
 
 
+def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
+    """Fused gate/up projections and activation: gate and up stay in the accumulation dtype."""
+    _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
+    _checks.check_cu_seqlens_values("grouped_gemm_silu_mul", cu_seqlens, x.shape[0])
+    acc = _checks.accum_dtype(x.dtype)
+    out = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
+    end = 0
+    for g, start, end in segments(cu_seqlens):
+        rows = x[start:end].to(acc)
+        act = torch.nn.functional.silu(rows @ w_gate[g].to(acc).t()) * (rows @ w_up[g].to(acc).t())
+        if route_weights is not None:
+            act = act * route_weights[start:end, None].to(acc)
+        out[start:end] = act.to(out.dtype)
+    out[end:].zero_()
+    return out
+
+
 lib.impl("grouped_gemm", grouped_gemm, "CPU")
 lib.impl("grouped_gemm_out", grouped_gemm_out, "CPU")
 lib.impl("silu_mul_weight", silu_mul_weight, "CPU")
+lib.impl("grouped_gemm_silu_mul", grouped_gemm_silu_mul, "CPU")

@@ -40,6 +40,13 @@ def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
     launch_silu_mul_weight(gate, up, route_weights, cu_seqlens, out, cfg)
 
 
+def grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out) -> None:
+    from .triton_grouped_gemm_silu_mul import launch_grouped_gemm_silu_mul
+
+    cfg = configs.fused_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], x.dtype, capability_of(x))
+    launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg)
+
+
 def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
     if _checks.debug_checks_enabled():
         _checks.check_cu_seqlens_values(op_name, cu_seqlens, num_rows)
@@ -68,6 +75,15 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
     return out
 
 
+def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
+    _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
+    _debug_checks("grouped_gemm_silu_mul", cu_seqlens, x.shape[0])
+    out = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
+    grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out)
+    return out
+
+
 lib.impl("grouped_gemm", grouped_gemm, "CUDA")
 lib.impl("grouped_gemm_out", grouped_gemm_out, "CUDA")
 lib.impl("silu_mul_weight", silu_mul_weight, "CUDA")
+lib.impl("grouped_gemm_silu_mul", grouped_gemm_silu_mul, "CUDA")

@@ -48,6 +48,18 @@ def locate_tile(cu_ptr, G, t, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
+def zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, j, cols, col_mask, stride_om, stride_on,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Write zeros to tail tile ``j``: rows ``[cu[-1] + j*BLOCK_M, ...)`` below NvS (never read)."""
+    tail_lo = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
+    rows = tail_lo + j * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = (rows < NUM_ROWS) & (rows >= tail_lo)
+    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :].to(tl.int64) * stride_on
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
+    tl.store(o_ptrs, zeros, mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     a_ptr, w_ptr, out_ptr, cu_ptr,
     G, NUM_ROWS, N, K, NUM_ROW_TILES,
@@ -81,14 +93,8 @@ def _grouped_gemm_kernel(
         o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :].to(tl.int64) * stride_on
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
     else:
-        # Tail tile: rows [cu[-1], NvS) are written as zeros, never read.
-        last = tl.load(cu_ptr + G - 1)
-        tail_lo = tl.minimum(tl.maximum(last, 0), NUM_ROWS)
-        rows = tail_lo + (t - real_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_mask = (rows < NUM_ROWS) & (rows >= tail_lo)
-        o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :].to(tl.int64) * stride_on
-        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
-        tl.store(o_ptrs, zeros, mask=row_mask[:, None] & col_mask[None, :])
+        zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, t - real_tiles, cols, col_mask, stride_om, stride_on,
+                       BLOCK_M, BLOCK_N)
 
 
 def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
