@@ -28,9 +28,9 @@ INTERP_LAYOUTS = [lay for lay in LAYOUTS if lay.name != "g1100"] + [
 
 @pytest.fixture(scope="module")
 def interpreted():
-    from moonep_ops.kernels import triton_grouped_gemm, triton_grouped_gemm_silu_mul, triton_silu_mul_weight
+    from moonep_ops.kernels import triton_grouped_gemm, triton_silu_mul_weight
 
-    return triton_grouped_gemm, triton_silu_mul_weight, triton_grouped_gemm_silu_mul
+    return triton_grouped_gemm, triton_silu_mul_weight, triton_grouped_gemm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)

@@ -5,3 +5,4 @@
 """
 
 from . import cpu, cuda  # noqa: F401  (registration side effects)
+from . import cpu_backward, cuda_backward  # noqa: F401,E402  (backward ops, issue 7)

@@ -17,6 +17,7 @@ class GemmConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    programs_per_sm: int = 1  # persistent grid size = SMs * programs_per_sm
 
 
 @dataclasses.dataclass(frozen=True)

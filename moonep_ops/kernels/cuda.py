@@ -6,6 +6,7 @@ Registered for the CUDA dispatch key. Triton is imported at the first call, so i
 """
 
 import functools
+import os
 
 import torch
 
@@ -26,11 +27,24 @@ def capability_of(t: torch.Tensor):
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
 
+def portable_only() -> bool:
+    """``MOONEP_OPS_PORTABLE=1`` forces the sm80 path on any GPU (so Hopper can test it)."""
+    return os.environ.get("MOONEP_OPS_PORTABLE", "0") not in ("", "0")
+
+
+def _use_tma(capability, a, *weights) -> bool:
+    from .triton_grouped_gemm import tma_usable
+
+    return (capability is not None and capability >= (9, 0) and a.dtype != torch.float32
+            and not portable_only() and tma_usable(a, *weights))
+
+
 def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
     from .triton_grouped_gemm import launch_grouped_gemm
 
-    cfg = configs.gemm_config(w.shape[1], a.shape[1], a.shape[0], a.dtype, capability_of(a))
-    launch_grouped_gemm(a, w, cu_seqlens, out, cfg)
+    cap = capability_of(a)
+    cfg = configs.gemm_config(w.shape[1], a.shape[1], a.shape[0], a.dtype, cap)
+    launch_grouped_gemm(a, w, cu_seqlens, out, cfg, _use_tma(cap, a, w))
 
 
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
@@ -41,10 +55,12 @@ def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
 
 
 def grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out) -> None:
-    from .triton_grouped_gemm_silu_mul import launch_grouped_gemm_silu_mul
+    from .triton_grouped_gemm import launch_grouped_gemm_silu_mul
 
-    cfg = configs.fused_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], x.dtype, capability_of(x))
-    launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg)
+    cap = capability_of(x)
+    cfg = configs.fused_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], x.dtype, cap)
+    launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg,
+                                 _use_tma(cap, x, w_gate, w_up))
 
 
 def _debug_checks(op_name, cu_seqlens, num_rows) -> None:

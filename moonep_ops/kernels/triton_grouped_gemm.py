@@ -1,15 +1,28 @@
-"""Triton grouped GEMM over MoonEP segments: ``out[seg_g] = a[seg_g] @ w[g].T``.
+"""The Triton kernel behind every forward grouped GEMM: a persistent, segment-aware GEMM
+with an optional fused SwiGLU epilogue.
 
-Grid: ``cdiv(NvS, BLOCK_M) + min(G, NvS)`` row tiles times ``cdiv(N, BLOCK_N)`` column tiles,
-from static shapes only. That bounds the real tile count: each non-empty segment adds at
-most one partial tile, and there are at most ``min(G, NvS)`` of them. Each program finds its
-segment on the device by scanning ``cu_seqlens`` (chunked cumsum of per-segment tile counts);
-programs past the last real tile zero the tail rows ``[cu[-1], NvS)``. Nothing syncs the host.
+- ``FUSED=False``: ``out[seg_g] = a[seg_g] @ w[g].T``.
+- ``FUSED=True``: ``out[seg_g] = silu(a[seg_g] @ w[g].T) * (a[seg_g] @ w_up[g].T) * rw[seg_g]``;
+  each ``a`` tile is loaded once for both projections and the activation is applied to the
+  fp32 accumulators, so gate and up are never rounded or written.
 
-Rows outside ``[0, NvS)`` are never touched even if ``cu_seqlens`` is invalid (ends are
-clamped), so bad data on CUDA gives unspecified values, never an out-of-bounds access.
-Addresses are computed in int64.
+Schedule. The grid is persistent (about one program per SM, from static shapes only). Each
+program first scans ``cu_seqlens`` on the device to count the real row tiles (each segment is
+cut into ``cdiv(len, BLOCK_M)`` tiles) and the tail tiles (rows ``[cu[-1], NvS)``), then walks
+work items ``(row tile, column tile)`` with stride ``num_programs``; columns vary fastest, so
+programs running together share a segment's ``a`` rows and stream its weights once. Empty
+segments and the tail cost no GEMM work, whatever ``NvS`` says. Nothing syncs the host.
+
+Loads. Portable path: masked pointer loads (sm80+, any strides, any K). Hopper path
+(``USE_TMA``): tensor-memory-accelerator descriptors for ``a`` and ``w`` (rows past a segment's
+end are loaded but never stored: GEMM rows are independent). Stores are always masked to the
+segment, so one segment's tile never writes another's rows.
+
+Safety. Segment ends are clamped to ``[0, NvS]``: invalid ``cu_seqlens`` on CUDA give
+unspecified values, never an out-of-bounds access. Addresses are computed in int64.
 """
+
+import functools
 
 import torch
 import triton
@@ -24,7 +37,7 @@ BLOCK_G = 256  # cu_seqlens entries scanned per step when locating a tile's segm
 def locate_tile(cu_ptr, G, t, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
     """Segment of row tile ``t``: (g, first row of the tile, segment end, total real tiles).
 
-    ``g == G`` when ``t`` is past every real tile (it then indexes a tail tile).
+    ``g == G`` when ``t`` is past every real tile.
     """
     g_sel = G
     base_sel = 0
@@ -60,61 +73,133 @@ def zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, j, cols, col_mask, stride_om, s
 
 
 @triton.jit
-def _grouped_gemm_kernel(
-    a_ptr, w_ptr, out_ptr, cu_ptr,
-    G, NUM_ROWS, N, K, NUM_ROW_TILES,
-    stride_am, stride_ak, stride_wg, stride_wn, stride_wk, stride_om, stride_on,
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, u_ptr, rw_ptr, out_ptr, cu_ptr,
+    a_desc, w_desc, u_desc,
+    G, NUM_ROWS, N, K,
+    stride_am, stride_ak, stride_wg, stride_wn, stride_wk, stride_ug, stride_un, stride_uk,
+    stride_om, stride_on,
+    FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    # Row tiles vary fastest: neighbouring programs share a column tile of w[g] (L2 reuse).
-    t = pid % NUM_ROW_TILES
-    pid_n = pid // NUM_ROW_TILES
-    g, row_lo, seg_end, real_tiles = locate_tile(cu_ptr, G, t, BLOCK_M, BLOCK_G)
+    # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
+    _, _, _, real_tiles = locate_tile(cu_ptr, G, -1, BLOCK_M, BLOCK_G)
+    live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
+    tail_tiles = tl.cdiv(NUM_ROWS - live_end, BLOCK_M)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    num_items = (real_tiles + tail_tiles) * n_tiles
 
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    if g < G:
-        rows = row_lo + tl.arange(0, BLOCK_M)
-        row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
-        w_ptrs = (w_ptr + g.to(tl.int64) * stride_wg + cols[None, :].to(tl.int64) * stride_wn
-                  + offs_k[:, None].to(tl.int64) * stride_wk)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_mask = (offs_k + k0) < K
-            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-            acc = tl.dot(a, w, acc, input_precision=PRECISION)
-            a_ptrs += BLOCK_K * stride_ak
-            w_ptrs += BLOCK_K * stride_wk
-        o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :].to(tl.int64) * stride_on
-        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
-    else:
-        zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, t - real_tiles, cols, col_mask, stride_om, stride_on,
-                       BLOCK_M, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
+        t = item // n_tiles
+        pid_n = item % n_tiles
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        if t < real_tiles:
+            g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, t, BLOCK_M, BLOCK_G)
+            rows = row_lo + tl.arange(0, BLOCK_M)
+            row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
+            g64 = g.to(tl.int64)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if USE_TMA:
+                w_row = g * N + pid_n * BLOCK_N
+                for k0 in range(0, K, BLOCK_K):
+                    a = a_desc.load([row_lo, k0])
+                    acc = tl.dot(a, w_desc.load([w_row, k0]).T, acc, input_precision=PRECISION)
+                    if FUSED:
+                        acc_up = tl.dot(a, u_desc.load([w_row, k0]).T, acc_up, input_precision=PRECISION)
+            else:
+                a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+                w_ptrs = (w_ptr + g64 * stride_wg + cols[None, :].to(tl.int64) * stride_wn
+                          + offs_k[:, None].to(tl.int64) * stride_wk)
+                u_ptrs = (u_ptr + g64 * stride_ug + cols[None, :].to(tl.int64) * stride_un
+                          + offs_k[:, None].to(tl.int64) * stride_uk)
+                for k0 in range(0, K, BLOCK_K):
+                    k_mask = (offs_k + k0) < K
+                    w_mask = k_mask[:, None] & col_mask[None, :]
+                    a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                    acc = tl.dot(a, tl.load(w_ptrs, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
+                    if FUSED:
+                        acc_up = tl.dot(a, tl.load(u_ptrs, mask=w_mask, other=0.0), acc_up,
+                                        input_precision=PRECISION)
+                        u_ptrs += BLOCK_K * stride_uk
+                    a_ptrs += BLOCK_K * stride_ak
+                    w_ptrs += BLOCK_K * stride_wk
+            if FUSED:
+                acc = acc * tl.sigmoid(acc) * acc_up
+                if HAS_WEIGHTS:
+                    acc = acc * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
+            o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :].to(tl.int64) * stride_on
+            tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+        else:
+            zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, t - real_tiles, cols, col_mask, stride_om, stride_on,
+                           BLOCK_M, BLOCK_N)
 
 
 def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
-    """Static upper bound on real + tail row tiles (see the module docstring)."""
+    """Static upper bound on real + tail row tiles: each non-empty segment adds at most one
+    partial tile, and there are at most ``min(G, NvS)`` of them."""
     return triton.cdiv(num_rows, block_m) + min(num_groups, num_rows)
 
 
-def launch_grouped_gemm(a: torch.Tensor, w: torch.Tensor, cu_seqlens: torch.Tensor,
-                        out: torch.Tensor, cfg: GemmConfig) -> None:
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def tma_usable(a: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """TMA needs 16-byte aligned bases and row strides and unit inner strides; each weight is
+    read as one ``[G*N, K]`` matrix, so its groups must be back to back."""
+    for t in (a, *weights):
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return all(w.stride(0) == w.shape[1] * w.stride(1) for w in weights)
+
+
+def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
+                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False) -> None:
     num_rows, k = a.shape
     g, n, _ = w.shape
     if num_rows == 0 or n == 0:
         return
-    row_tiles = num_row_tiles(num_rows, g, cfg.block_m)
-    grid = (row_tiles * triton.cdiv(n, cfg.block_n),)
-    _grouped_gemm_kernel[grid](
-        a, w, out, cu_seqlens,
-        g, num_rows, n, k, row_tiles,
-        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
+    items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if a.device.type == "cuda":
+        programs = _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
+        programs *= cfg.programs_per_sm
+    else:
+        programs = 4  # interpreter: a few programs, so the persistent loop is exercised
+    grid = (max(1, min(items_bound, programs)),)
+    fused = w_up is not None
+    u = w_up if fused else w
+    a_desc = w_desc = u_desc = None
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_desc = TensorDescriptor(a, [num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
+        w_desc = TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k])
+        u_desc = TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k])
+    has_weights = route_weights is not None
+    _moe_gemm_kernel[grid](
+        a, w, u, route_weights if has_weights else a, out, cu_seqlens,
+        a_desc, w_desc, u_desc,
+        g, num_rows, n, k,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
+        u.stride(0), u.stride(1), u.stride(2), out.stride(0), out.stride(1),
+        FUSED=fused, HAS_WEIGHTS=has_weights, USE_TMA=use_tma,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=BLOCK_G,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+
+
+def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
+    """``out[seg_g] = a[seg_g] @ w[g].T`` (any strides on the portable path)."""
+    launch_moe_gemm(a, w, None, None, cu_seqlens, out, cfg, use_tma)
+
+
+def launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg: GemmConfig,
+                                 use_tma: bool = False) -> None:
+    """``out[seg_g] = silu(x @ w_gate[g].T) * (x @ w_up[g].T) * route_weights`` in one pass."""
+    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma)

@@ -1,0 +1,69 @@
+"""Offline sweep of block configs for the Triton grouped GEMMs (results feed kernels/configs.py).
+
+For each shape of shared/BASELINE.md and each GEMM role of the expert path (fused gate/up,
+down), times every candidate config (portable loads and TMA) by CUDA-graph replay on the
+real MoonEP-like layout. Usage: python -m benchmarks.tune [--out tune.json]
+"""
+
+import argparse
+import itertools
+import json
+
+import torch
+
+from moonep_ops.kernels.configs import GemmConfig
+from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_silu_mul
+
+from .run import _median_graph_ms
+from .shapes import SHAPES, build_problem
+
+FUSED = [GemmConfig(*c) for c in [
+    (128, 64, 64, 8, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (64, 128, 64, 4, 4),
+    (128, 64, 128, 8, 3), (64, 64, 64, 4, 5), (128, 64, 64, 8, 4, 2),
+]]
+PLAIN = [GemmConfig(*c) for c in [
+    (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4),
+    (128, 128, 128, 8, 3), (64, 256, 64, 8, 4), (128, 128, 64, 8, 4, 2),
+]]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--paddings", default="128,1")
+    args = parser.parse_args(argv)
+    results = []
+    for padding, shape in itertools.product([int(p) for p in args.paddings.split(",")], SHAPES):
+        x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
+        act = torch.randn(x.shape[0], shape.inter, device="cuda", dtype=torch.bfloat16)
+        out_i = torch.empty(x.shape[0], shape.inter, device="cuda", dtype=torch.bfloat16)
+        out_h = torch.empty(x.shape[0], shape.hidden, device="cuda", dtype=torch.bfloat16)
+        roles = {
+            "fused": (FUSED, lambda cfg, tma: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, out_i, cfg, tma)),
+            "down": (PLAIN, lambda cfg, tma: launch_grouped_gemm(act, wd, cu, out_h, cfg, tma)),
+        }
+        for role, (cands, fn) in roles.items():
+            timings = []
+            for cfg, tma in itertools.product(cands, (False, True)):
+                try:
+                    us = _median_graph_ms(lambda: fn(cfg, tma), args.reps) * 1e3
+                except Exception as exc:  # e.g. out of shared memory: not a candidate
+                    us = float("inf")
+                    print(f"  {role} {cfg} tma={tma}: {type(exc).__name__}: {str(exc)[:120]}")
+                timings.append({"cfg": list(cfg.__dict__.values()), "tma": tma, "us": us})
+            timings.sort(key=lambda r: r["us"])
+            best = timings[0]
+            print(f"{shape.name:<28} pad={padding:<3} {role:<5} best {best['us']:7.0f}us {best['cfg']} "
+                  f"tma={best['tma']} | 2nd {timings[1]['us']:7.0f}us {timings[1]['cfg']} tma={timings[1]['tma']}",
+                  flush=True)
+            results.append({"shape": shape.name, "padding": padding, "role": role, "timings": timings})
+        del x, wg, wu, wd, act
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

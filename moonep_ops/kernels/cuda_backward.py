@@ -1,0 +1,99 @@
+"""CUDA kernels of the backward ops (Triton, imported at first call), registered for the
+CUDA dispatch key. Argument checks read metadata only; ``MOONEP_OPS_DEBUG=1`` adds the data
+checks on ``cu_seqlens``, which sync the host. Nothing else here syncs: every output is
+allocated from static shapes and every kernel reads ``cu_seqlens`` on the device.
+"""
+
+import torch
+
+from .. import _checks
+from .. import _checks_backward as _bchecks
+from .._library import lib
+from . import configs, configs_backward
+from .cuda import capability_of
+
+
+def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
+    if _checks.debug_checks_enabled():
+        _checks.check_cu_seqlens_values(op_name, cu_seqlens, num_rows)
+
+
+def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
+    from .triton_grouped_gemm import launch_grouped_gemm
+
+    _bchecks.check_grouped_gemm_dgrad("grouped_gemm_dgrad", grad_out, w, cu_seqlens)
+    _debug_checks("grouped_gemm_dgrad", cu_seqlens, grad_out.shape[0])
+    num_rows, k = grad_out.shape[0], w.shape[2]
+    out = torch.empty((num_rows, k), dtype=grad_out.dtype, device=grad_out.device)
+    cfg = configs.gemm_config(k, w.shape[1], num_rows, grad_out.dtype, capability_of(grad_out))
+    # The forward kernel against the transposed view w[g]^T ([G, K, N], any strides): no copy.
+    launch_grouped_gemm(grad_out, w.transpose(1, 2), cu_seqlens, out, cfg)
+    return out
+
+
+def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
+    from .triton_grouped_gemm_dual_dgrad import launch_grouped_gemm_dual_dgrad
+
+    _bchecks.check_grouped_gemm_dual_dgrad("grouped_gemm_dual_dgrad", grad_gate, grad_up, w_gate, w_up,
+                                           cu_seqlens)
+    _debug_checks("grouped_gemm_dual_dgrad", cu_seqlens, grad_gate.shape[0])
+    num_rows, h = grad_gate.shape[0], w_gate.shape[2]
+    out = torch.empty((num_rows, h), dtype=grad_gate.dtype, device=grad_gate.device)
+    cfg = configs.gemm_config(h, 2 * w_gate.shape[1], num_rows, grad_gate.dtype, capability_of(grad_gate))
+    launch_grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens, out, cfg)
+    return out
+
+
+def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
+    from .triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
+
+    _bchecks.check_grouped_gemm_wgrad("grouped_gemm_wgrad", grad_out, a, cu_seqlens)
+    _debug_checks("grouped_gemm_wgrad", cu_seqlens, a.shape[0])
+    n, k = grad_out.shape[1], a.shape[1]
+    out = torch.empty((cu_seqlens.shape[0], n, k), dtype=a.dtype, device=a.device)
+    cfg = configs_backward.wgrad_config(n, k, a.shape[0], a.dtype, capability_of(a))
+    launch_grouped_gemm_wgrad(grad_out, a, cu_seqlens, out, cfg)
+    return out
+
+
+def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
+    from .triton_silu_mul_weight_backward import launch_silu_mul_weight_backward
+
+    _bchecks.check_silu_mul_weight_backward("silu_mul_weight_backward", grad, gate, up, route_weights,
+                                            cu_seqlens)
+    _debug_checks("silu_mul_weight_backward", cu_seqlens, gate.shape[0])
+    d_gate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    d_up = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    d_rw = torch.empty(gate.shape[0], dtype=torch.float32, device=gate.device)
+    cfg = configs.eltwise_config(gate.shape[1], capability_of(gate))
+    launch_silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens, d_gate, d_up, d_rw, cfg)
+    return d_gate, d_up, d_rw
+
+
+def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens):
+    from .triton_grouped_gemm_silu_mul_backward import launch_grouped_gemm_silu_mul_backward, num_col_tiles
+
+    _bchecks.check_grouped_gemm_silu_mul_backward("grouped_gemm_silu_mul_backward", grad, x, w_gate, w_up,
+                                                  route_weights, cu_seqlens)
+    _debug_checks("grouped_gemm_silu_mul_backward", cu_seqlens, x.shape[0])
+    num_rows, i = x.shape[0], w_gate.shape[1]
+    d_gate = torch.empty((num_rows, i), dtype=x.dtype, device=x.device)
+    d_up = torch.empty((num_rows, i), dtype=x.dtype, device=x.device)
+    cfg = configs.fused_gemm_config(i, x.shape[1], num_rows, x.dtype, capability_of(x))
+    if route_weights is None:
+        partials = None
+        d_rw = torch.zeros(num_rows, dtype=torch.float32, device=x.device)
+    else:
+        partials = torch.empty((num_col_tiles(i, cfg), num_rows), dtype=torch.float32, device=x.device)
+    launch_grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens,
+                                          d_gate, d_up, partials, cfg)
+    if partials is not None:
+        d_rw = partials.sum(dim=0)  # fixed-order reduction over I tiles: deterministic
+    return d_gate, d_up, d_rw
+
+
+lib.impl("grouped_gemm_dgrad", grouped_gemm_dgrad, "CUDA")
+lib.impl("grouped_gemm_dual_dgrad", grouped_gemm_dual_dgrad, "CUDA")
+lib.impl("grouped_gemm_wgrad", grouped_gemm_wgrad, "CUDA")
+lib.impl("silu_mul_weight_backward", silu_mul_weight_backward, "CUDA")
+lib.impl("grouped_gemm_silu_mul_backward", grouped_gemm_silu_mul_backward, "CUDA")
