@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from .. import _checks
+from .. import _checks, _fast_checks
 from .._library import lib
 from . import configs
 
@@ -69,7 +69,8 @@ def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
 
 
 def grouped_gemm(a, w, cu_seqlens):
-    _checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
+    if not _fast_checks.grouped_gemm_ok(a, w, cu_seqlens):
+        _checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
     _debug_checks("grouped_gemm", cu_seqlens, a.shape[0])
     out = torch.empty((a.shape[0], w.shape[1]), dtype=a.dtype, device=a.device)
     grouped_gemm_into(a, w, cu_seqlens, out)
@@ -77,14 +78,17 @@ def grouped_gemm(a, w, cu_seqlens):
 
 
 def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
-    _checks.check_grouped_gemm("grouped_gemm_out", a, w, cu_seqlens)
-    _checks.check_out("grouped_gemm_out", out, (a.shape[0], w.shape[1]), a.dtype, a.device)
+    if not (_fast_checks.grouped_gemm_ok(a, w, cu_seqlens)
+            and _fast_checks.out_ok(out, a.shape[0], w.shape[1], a.dtype, a.device)):
+        _checks.check_grouped_gemm("grouped_gemm_out", a, w, cu_seqlens)
+        _checks.check_out("grouped_gemm_out", out, (a.shape[0], w.shape[1]), a.dtype, a.device)
     _debug_checks("grouped_gemm_out", cu_seqlens, a.shape[0])
     grouped_gemm_into(a, w, cu_seqlens, out)
 
 
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
-    _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
+    if not _fast_checks.silu_mul_weight_ok(gate, up, route_weights, cu_seqlens):
+        _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
     _debug_checks("silu_mul_weight", cu_seqlens, gate.shape[0])
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out)
@@ -92,7 +96,9 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
 
 
 def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
-    _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
+    if not _fast_checks.grouped_gemm_silu_mul_ok(x, w_gate, w_up, route_weights, cu_seqlens):
+        _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights,
+                                            cu_seqlens)
     _debug_checks("grouped_gemm_silu_mul", cu_seqlens, x.shape[0])
     out = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
     grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out)

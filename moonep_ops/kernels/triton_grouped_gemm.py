@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from .configs import GemmConfig
+from .fast_launch import FastLauncher
 
 BLOCK_G = 256  # cu_seqlens entries scanned per step when locating a tile's segment
 
@@ -138,6 +139,9 @@ def _moe_gemm_kernel(
                            BLOCK_M, BLOCK_N)
 
 
+_launch_moe_gemm = FastLauncher(_moe_gemm_kernel)
+
+
 def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
     """Static upper bound on real + tail row tiles: each non-empty segment adds at most one
     partial tile, and there are at most ``min(G, NvS)`` of them."""
@@ -181,16 +185,17 @@ def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_se
         w_desc = TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k])
         u_desc = TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k])
     has_weights = route_weights is not None
-    _moe_gemm_kernel[grid](
-        a, w, u, route_weights if has_weights else a, out, cu_seqlens,
-        a_desc, w_desc, u_desc,
-        g, num_rows, n, k,
-        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
-        u.stride(0), u.stride(1), u.stride(2), out.stride(0), out.stride(1),
-        FUSED=fused, HAS_WEIGHTS=has_weights, USE_TMA=use_tma,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=BLOCK_G,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    _launch_moe_gemm(
+        grid,
+        (a, w, u, route_weights if has_weights else a, out, cu_seqlens,
+         a_desc, w_desc, u_desc,
+         g, num_rows, n, k,
+         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
+         u.stride(0), u.stride(1), u.stride(2), out.stride(0), out.stride(1)),
+        dict(FUSED=fused, HAS_WEIGHTS=has_weights, USE_TMA=use_tma,
+             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=BLOCK_G,
+             PRECISION="ieee" if a.dtype == torch.float32 else "tf32"),
+        cfg.num_warps, cfg.num_stages,
     )
 
 
