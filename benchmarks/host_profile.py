@@ -10,8 +10,17 @@ from .run import host_cost_us
 
 
 def main():
+    from moonep_ops.kernels import fast_launch, triton_grouped_gemm
+
     fn = PATHS["moonep"]
-    print({name: round(host_cost_us(f), 1) for name, f in PATHS.items()})
+    enabled = fast_launch.ENABLED
+    for fast in (True, False):
+        fast_launch.ENABLED = fast
+        triton_grouped_gemm._PLANS.clear()
+        for inference in (True, False):
+            print(f"fast_launch={fast} inference_mode={inference}:",
+                  {name: round(host_cost_us(f, inference=inference), 1) for name, f in PATHS.items()})
+    fast_launch.ENABLED = enabled
     g, h, i, nvs = 4, 128, 128, 256
     x = torch.randn(nvs, h, device="cuda", dtype=torch.bfloat16)
     wg, wu = (torch.randn(g, i, h, device="cuda", dtype=torch.bfloat16) for _ in range(2))

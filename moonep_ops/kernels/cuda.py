@@ -5,6 +5,7 @@ Registered for the CUDA dispatch key. Triton is imported at the first call, so i
 ``MOONEP_OPS_DEBUG=1`` adds the data checks on ``cu_seqlens``, which sync the host.
 """
 
+import contextlib
 import functools
 import os
 
@@ -39,12 +40,27 @@ def _use_tma(capability, a, *weights) -> bool:
             and not portable_only() and tma_usable(a, *weights))
 
 
-def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
-    from .triton_grouped_gemm import launch_grouped_gemm
-
+def _choose_plain(a, w, _):
     cap = capability_of(a)
-    cfg = configs.gemm_config(w.shape[1], a.shape[1], a.shape[0], a.dtype, cap)
-    launch_grouped_gemm(a, w, cu_seqlens, out, cfg, _use_tma(cap, a, w))
+    return configs.gemm_config(w.shape[1], a.shape[1], a.shape[0], a.dtype, cap), _use_tma(cap, a, w)
+
+
+def _choose_fused(x, w_gate, w_up):
+    cap = capability_of(x)
+    return (configs.fused_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], x.dtype, cap),
+            _use_tma(cap, x, w_gate, w_up))
+
+
+def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
+    from .triton_grouped_gemm import run_moe_gemm
+
+    run_moe_gemm(a, w, None, None, cu_seqlens, out, _choose_plain, portable_only())
+
+
+def grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out) -> None:
+    from .triton_grouped_gemm import run_moe_gemm
+
+    run_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, _choose_fused, portable_only())
 
 
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
@@ -54,13 +70,11 @@ def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
     launch_silu_mul_weight(gate, up, route_weights, cu_seqlens, out, cfg)
 
 
-def grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out) -> None:
-    from .triton_grouped_gemm import launch_grouped_gemm_silu_mul
-
-    cap = capability_of(x)
-    cfg = configs.fused_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], x.dtype, cap)
-    launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg,
-                                 _use_tma(cap, x, w_gate, w_up))
+def _on_device(t: torch.Tensor):
+    """Triton launches on the current device: switch to the tensors' device when it differs."""
+    if t.device.index is None or t.device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(t.device)
 
 
 def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
@@ -73,7 +87,8 @@ def grouped_gemm(a, w, cu_seqlens):
         _checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
     _debug_checks("grouped_gemm", cu_seqlens, a.shape[0])
     out = torch.empty((a.shape[0], w.shape[1]), dtype=a.dtype, device=a.device)
-    grouped_gemm_into(a, w, cu_seqlens, out)
+    with _on_device(a):
+        grouped_gemm_into(a, w, cu_seqlens, out)
     return out
 
 
@@ -83,7 +98,8 @@ def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
         _checks.check_grouped_gemm("grouped_gemm_out", a, w, cu_seqlens)
         _checks.check_out("grouped_gemm_out", out, (a.shape[0], w.shape[1]), a.dtype, a.device)
     _debug_checks("grouped_gemm_out", cu_seqlens, a.shape[0])
-    grouped_gemm_into(a, w, cu_seqlens, out)
+    with _on_device(a):
+        grouped_gemm_into(a, w, cu_seqlens, out)
 
 
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
@@ -91,7 +107,8 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
         _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
     _debug_checks("silu_mul_weight", cu_seqlens, gate.shape[0])
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out)
+    with _on_device(gate):
+        silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out)
     return out
 
 
@@ -101,7 +118,8 @@ def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
                                             cu_seqlens)
     _debug_checks("grouped_gemm_silu_mul", cu_seqlens, x.shape[0])
     out = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
-    grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out)
+    with _on_device(x):
+        grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out)
     return out
 
 

@@ -22,14 +22,16 @@ Safety. Segment ends are clamped to ``[0, NvS]``: invalid ``cu_seqlens`` on CUDA
 unspecified values, never an out-of-bounds access. Addresses are computed in int64.
 """
 
+import dataclasses
 import functools
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import fast_launch
 from .configs import GemmConfig
-from .fast_launch import FastLauncher
 
 BLOCK_G = 256  # cu_seqlens entries scanned per step when locating a tile's segment
 
@@ -139,9 +141,6 @@ def _moe_gemm_kernel(
                            BLOCK_M, BLOCK_N)
 
 
-_launch_moe_gemm = FastLauncher(_moe_gemm_kernel)
-
-
 def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
     """Static upper bound on real + tail row tiles: each non-empty segment adds at most one
     partial tile, and there are at most ``min(G, NvS)`` of them."""
@@ -162,41 +161,91 @@ def tma_usable(a: torch.Tensor, *weights: torch.Tensor) -> bool:
     return all(w.stride(0) == w.shape[1] * w.stride(1) for w in weights)
 
 
-def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
-                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything a launch needs that depends on static metadata only."""
+    grid: tuple
+    ints: tuple  # G, NvS, N, K and the strides, in kernel order
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    descs: tuple | None  # (shape, strides, block) of a, w, w_up for TMA, else None
+
+    def args(self, a, w, u, rw, out, cu) -> list:
+        if self.descs is None:
+            descs = (None, None, None)
+        else:
+            descs = tuple(fast_launch.tensor_descriptor(t, *geo) for t, geo in zip((a, w, u), self.descs))
+        return [a, w, u, rw, out, cu, *descs, *self.ints]
+
+
+def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Plan:
     num_rows, k = a.shape
     g, n, _ = w.shape
-    if num_rows == 0 or n == 0:
-        return
     items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if a.device.type == "cuda":
         programs = _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
         programs *= cfg.programs_per_sm
     else:
         programs = 4  # interpreter: a few programs, so the persistent loop is exercised
-    grid = (max(1, min(items_bound, programs)),)
-    fused = w_up is not None
-    u = w_up if fused else w
-    a_desc = w_desc = u_desc = None
+    u = w if w_up is None else w_up
+    descs = None
     if use_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        a_desc = TensorDescriptor(a, [num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
-        w_desc = TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k])
-        u_desc = TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k])
-    has_weights = route_weights is not None
-    _launch_moe_gemm(
-        grid,
-        (a, w, u, route_weights if has_weights else a, out, cu_seqlens,
-         a_desc, w_desc, u_desc,
-         g, num_rows, n, k,
-         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
-         u.stride(0), u.stride(1), u.stride(2), out.stride(0), out.stride(1)),
-        dict(FUSED=fused, HAS_WEIGHTS=has_weights, USE_TMA=use_tma,
-             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=BLOCK_G,
-             PRECISION="ieee" if a.dtype == torch.float32 else "tf32"),
-        cfg.num_warps, cfg.num_stages,
+        descs = (([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k]),
+                 ([g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k]),
+                 ([g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k]))
+    return _Plan(
+        grid=(max(1, min(items_bound, programs)),),
+        ints=(g, num_rows, n, k, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
+              u.stride(0), u.stride(1), u.stride(2), out.stride(0), out.stride(1)),
+        constexprs=dict(FUSED=w_up is not None, HAS_WEIGHTS=route_weights is not None, USE_TMA=use_tma,
+                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=BLOCK_G,
+                        PRECISION="ieee" if a.dtype == torch.float32 else "tf32"),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs,
     )
+
+
+def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out):
+    """Launch through Triton's JIT (compiling on first use); returns the compiled kernel."""
+    u = w if w_up is None else w_up
+    args = plan.args(a, w, u, a if route_weights is None else route_weights, out, cu_seqlens)
+    if plan.descs is not None:  # the first launch of a plan builds checked descriptors
+        args[6:9] = [TensorDescriptor(t, *geo) for t, geo in zip((a, w, u), plan.descs)]
+    return _moe_gemm_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
+                                       num_stages=plan.num_stages)
+
+
+def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
+                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False) -> None:
+    """Launch with an explicit config (interpreter tests, tuning sweeps)."""
+    if a.shape[0] == 0 or w.shape[1] == 0:
+        return
+    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma), a, w, w_up, route_weights, cu_seqlens, out)
+
+
+_PLANS: dict = {}
+
+
+def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode) -> None:
+    """The CUDA ops' entry. ``choose(a, w, w_up) -> (GemmConfig, use_tma)`` (a module-level
+    function) runs once per static signature and ``mode`` (any hashable, e.g. the portable
+    switch); later calls reuse the plan and the compiled kernel (see :mod:`.fast_launch`)."""
+    if a.shape[0] == 0 or w.shape[1] == 0:
+        return
+    u = w if w_up is None else w_up
+    rw = a if route_weights is None else route_weights
+    key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), out.stride(), a.dtype, a.device,
+           w_up is None, route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16,
+           rw.data_ptr() % 16, out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode)
+    entry = _PLANS.get(key)
+    if entry is None:
+        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up))
+        kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out)
+        if fast_launch.ENABLED and hasattr(kernel, "run"):
+            _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
+        return
+    plan, kernel, constexpr_values = entry
+    fast_launch.launch_compiled(kernel, plan.grid, plan.args(a, w, u, rw, out, cu_seqlens) + constexpr_values)
 
 
 def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
