@@ -18,12 +18,12 @@ from .run import _median_graph_ms
 from .shapes import SHAPES, build_problem
 
 FUSED = [GemmConfig(*c) for c in [
-    (128, 64, 64, 8, 4), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (64, 128, 64, 4, 4),
-    (128, 64, 128, 8, 3), (64, 64, 64, 4, 5), (128, 64, 64, 8, 4, 2),
+    (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 128, 8, 3), (128, 64, 64, 8, 4),
+    (64, 128, 64, 4, 4), (128, 128, 32, 8, 5),
 ]]
 PLAIN = [GemmConfig(*c) for c in [
-    (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (64, 128, 64, 4, 4),
-    (128, 128, 128, 8, 3), (64, 256, 64, 8, 4), (128, 128, 64, 8, 4, 2),
+    (128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 128, 8, 3), (128, 128, 64, 8, 4),
+    (64, 256, 64, 8, 4), (128, 256, 32, 8, 6),
 ]]
 
 
@@ -32,6 +32,7 @@ def main(argv=None):
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--paddings", default="128,1")
+    parser.add_argument("--tma-only", action="store_true")
     args = parser.parse_args(argv)
     results = []
     for padding, shape in itertools.product([int(p) for p in args.paddings.split(",")], SHAPES):
@@ -45,7 +46,7 @@ def main(argv=None):
         }
         for role, (cands, fn) in roles.items():
             timings = []
-            for cfg, tma in itertools.product(cands, (False, True)):
+            for cfg, tma in itertools.product(cands, (True,) if args.tma_only else (False, True)):
                 try:
                     us = _median_graph_ms(lambda: fn(cfg, tma), args.reps) * 1e3
                 except Exception as exc:  # e.g. out of shared memory: not a candidate

@@ -23,6 +23,8 @@ from .reference import (TOLERANCE, grouped_gemm_ref, grouped_gemm_silu_mul_ref, 
 # chunks (BLOCK_G = 256) with a small grid instead.
 INTERP_LAYOUTS = [lay for lay in LAYOUTS if lay.name != "g1100"] + [
     Layout("g600_sparse", tuple(3 if g % 97 == 5 else 0 for g in range(600)) + (2,), 40, k=20, n=24),
+    # More groups than the in-register schedule holds (SMALL_G_MAX = 1024): the chunked scan.
+    Layout("g1100_sparse", tuple(2 if g % 211 == 7 else 0 for g in range(1100)) + (1,), 24, k=20, n=24),
 ]
 
 
@@ -85,7 +87,7 @@ def test_invalid_cu_seqlens_stay_in_bounds(interpreted):
 
 # The fused kernel is the slowest to interpret: fp32 everywhere, fp16 on a few layouts.
 FUSED_CASES = [(lay, torch.float32) for lay in INTERP_LAYOUTS] + [
-    (lay, torch.float16) for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "tail_rows", "g600_sparse")]
+    (lay, torch.float16) for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "tail_rows", "g600_sparse", "g1100_sparse")]
 
 
 @pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])

@@ -33,7 +33,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from . import fast_launch
 from .configs import GemmConfig
 
-BLOCK_G = 256  # cu_seqlens entries scanned per step when locating a tile's segment
+BLOCK_G = 256  # cu_seqlens entries scanned per step when locating a tile's segment (G > SMALL_G_MAX)
+SMALL_G_MAX = 1024  # up to this many groups, the schedule lives in registers (see the kernel)
 
 
 @triton.jit
@@ -84,10 +85,21 @@ def _moe_gemm_kernel(
     stride_om, stride_on,
     FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_G: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
-    _, _, _, real_tiles = locate_tile(cu_ptr, G, -1, BLOCK_M, BLOCK_G)
+    if SMALL_G:
+        # All of cu_seqlens fits one block: keep the tile prefix sums in registers for the
+        # whole persistent loop, so locating an item's segment is a few reductions, no loads.
+        offs_g = tl.arange(0, BLOCK_G)
+        g_ends = tl.load(cu_ptr + offs_g, mask=offs_g < G, other=0)
+        g_starts = tl.load(cu_ptr + offs_g - 1, mask=(offs_g > 0) & (offs_g < G), other=0)
+        g_tiles = tl.cdiv(tl.maximum(g_ends - g_starts, 0), BLOCK_M)
+        g_incl = tl.cumsum(g_tiles, 0)
+        g_excl = g_incl - g_tiles
+        real_tiles = tl.sum(g_tiles, 0)
+    else:
+        _, _, _, real_tiles = locate_tile(cu_ptr, G, -1, BLOCK_M, BLOCK_G)
     live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
     tail_tiles = tl.cdiv(NUM_ROWS - live_end, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -100,7 +112,13 @@ def _moe_gemm_kernel(
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         col_mask = cols < N
         if t < real_tiles:
-            g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, t, BLOCK_M, BLOCK_G)
+            if SMALL_G:
+                hit = (g_excl <= t) & (t < g_incl)
+                g = tl.sum(tl.where(hit, offs_g, 0), 0)
+                row_lo = tl.sum(tl.where(hit, g_starts + (t - g_excl) * BLOCK_M, 0), 0)
+                seg_end = tl.sum(tl.where(hit, g_ends, 0), 0)
+            else:
+                g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, t, BLOCK_M, BLOCK_G)
             rows = row_lo + tl.arange(0, BLOCK_M)
             row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
             g64 = g.to(tl.int64)
@@ -199,7 +217,9 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Pl
         ints=(g, num_rows, n, k, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
               u.stride(0), u.stride(1), u.stride(2), out.stride(0), out.stride(1)),
         constexprs=dict(FUSED=w_up is not None, HAS_WEIGHTS=route_weights is not None, USE_TMA=use_tma,
-                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_G=BLOCK_G,
+                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                        BLOCK_G=max(16, triton.next_power_of_2(g)) if g <= SMALL_G_MAX else BLOCK_G,
+                        SMALL_G=g <= SMALL_G_MAX,
                         PRECISION="ieee" if a.dtype == torch.float32 else "tf32"),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs,
     )
