@@ -62,8 +62,13 @@ def main(argv=None):
         del x, wg, wu, wd, act
         torch.cuda.empty_cache()
     if args.out:
+        import time
+
+        import triton
+        env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"env": env, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
