@@ -1,0 +1,1 @@
+"""The MoonEP ops under torch.compile, Inductor and CUDA graphs (see docs/compile.md)."""

@@ -1,0 +1,44 @@
+import zlib
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import moonep_ops  # noqa: F401  (registers the ops)
+
+HAS_CUDA = torch.cuda.is_available()
+CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA_MARKS)]
+BACKENDS = ["eager", "aot_eager", "inductor"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request):
+    # Reproducible per test (crc32, unlike hash(), is not salted per process).
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    yield
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Empty Dynamo caches and counters, so a test can count its own graphs and breaks."""
+    torch._dynamo.reset()
+    counters.clear()
+    yield counters
+    torch._dynamo.reset()
+
+
+def assert_no_graph_breaks():
+    breaks = dict(counters["graph_break"])
+    assert not breaks, f"graph breaks: {breaks}"
+
+
+class sync_errors:
+    """``torch.cuda.set_sync_debug_mode("error")`` for a block: any host sync raises."""
+
+    def __enter__(self):
+        self.old = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode(self.old)
