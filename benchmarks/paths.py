@@ -31,5 +31,6 @@ def moonep_experts(x, w_gate, w_up, w_down, cu, rw, out):
 
 PATHS = {
     "vllm": vllm_composition,
+    "moonep_unfused": moonep_unfused,
     "moonep": moonep_experts,
 }

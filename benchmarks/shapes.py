@@ -1,8 +1,7 @@
-"""The six shapes of shared/BASELINE.md and MoonEP-like segment layouts for them.
-
-Layouts are built on the host (benchmarks only): S*K real rows spread with a skew over the
-active weight rows, each non-empty segment padded to ``token_padding``, B = 4 prefetch slots,
-NvS = align_up(S*K + (token_padding - 1)*2*epn, token_padding), NaN in the tail.
+"""The six shapes of shared/BASELINE.md and MoonEP-like layouts for them, built by the
+layout emulator: S*K real rows skewed over the rank's epn experts plus B = 4 prefetch slots,
+each non-empty segment padded to ``token_padding``, NvS = align_up(S*K + (token_padding - 1)*2*epn,
+token_padding), NaN in the tail.
 """
 
 import dataclasses
@@ -38,35 +37,35 @@ SHAPES = [
 ]
 
 
-def segment_sizes(shape: Shape, token_padding: int, seed: int = 0) -> list[int]:
-    """Skewed real-row counts over ``shape.active`` weight rows, padded; zeros elsewhere."""
-    gen = torch.Generator().manual_seed(seed)
-    total = shape.tokens * shape.topk
-    # Zipf-like skew: a few hot experts, a long tail; some active rows may stay empty.
-    ranks = torch.randperm(shape.active, generator=gen).double() + 1
-    probs = ranks ** -0.8
-    probs /= probs.sum()
-    counts = torch.multinomial(probs, total, replacement=True, generator=gen).bincount(minlength=shape.active)
-    # Active rows are spread over the G weight rows (experts then prefetch slots).
-    rows = torch.randperm(shape.num_groups, generator=gen)[:shape.active].sort().values
-    sizes = [0] * shape.num_groups
-    for r, c in zip(rows.tolist(), counts.tolist()):
-        sizes[r] = 0 if c == 0 else math.ceil(c / token_padding) * token_padding
-    return sizes
-
-
 def build_problem(shape: Shape, token_padding: int, device="cuda", dtype=torch.bfloat16, seed=0):
-    """Inputs for the expert path: x, w_gate, w_up, w_down, cu_seqlens, route_weights."""
-    sizes = segment_sizes(shape, token_padding, seed)
-    nvs = shape.nvs(token_padding)
-    assert sum(sizes) <= nvs, (shape.name, sum(sizes), nvs)
+    """Inputs for the expert path, laid out by the MoonEP emulator (:mod:`moonep_ops.layout`).
+
+    Each of the ``S`` tokens picks ``K`` distinct experts among this rank's ``epn`` local ones
+    with a Zipf-like skew; dispatch adds ``B = G - E`` prefetch slots for the hottest experts,
+    pads segments to ``token_padding`` and leaves NaN in the tail. Weights are random ``[G, ., .]``
+    tensors (timing does not depend on whether the slots hold copies). Returns
+    ``x, w_gate, w_up, w_down, cu_seqlens, route_weights, sizes`` (``sizes`` per group, host).
+    """
+    from moonep_ops import layout
+
     gen = torch.Generator(device=device).manual_seed(seed)
     h, i, g = shape.hidden, shape.inter, shape.num_groups
-    x = torch.randn(nvs, h, device=device, dtype=dtype, generator=gen)
-    x[sum(sizes):] = float("nan")
+    num_prefetch = 4
+    num_experts = g - num_prefetch
+    ranks = torch.randperm(shape.epn, generator=torch.Generator().manual_seed(seed)).double() + 1
+    probs = (ranks ** -0.8).float().to(device).expand(shape.tokens, -1)
+    local = torch.multinomial(probs, shape.topk, replacement=False, generator=gen)
+    topk_ids = local + (num_experts - shape.epn) // 2  # the rank's experts: a block of E
+    topk_weights = torch.rand(shape.tokens, shape.topk, device=device, generator=gen)
+    topk_weights /= topk_weights.sum(-1, keepdim=True)
+    x = torch.randn(shape.tokens, h, device=device, dtype=dtype, generator=gen)
+    d = layout.dispatch(x, topk_ids, topk_weights, num_experts, num_rows=shape.nvs(token_padding),
+                        token_padding=token_padding, num_prefetch=num_prefetch, fill_tail=float("nan"),
+                        weights_on_input=shape.weights_on_input)
     w_gate = torch.randn(g, i, h, device=device, dtype=dtype, generator=gen) * h ** -0.5
     w_up = torch.randn(g, i, h, device=device, dtype=dtype, generator=gen) * h ** -0.5
     w_down = torch.randn(g, h, i, device=device, dtype=dtype, generator=gen) * i ** -0.5
-    cu = torch.tensor(sizes, device=device).cumsum(0).to(torch.int32)
-    rw = None if shape.weights_on_input else torch.rand(nvs, device=device, generator=gen) + 0.1
-    return x, w_gate, w_up, w_down, cu, rw, sizes
+    cu = d.cu_seqlens.tolist()
+    sizes = [b - a for a, b in zip([0] + cu[:-1], cu)]
+    rw = None if shape.weights_on_input else d.route_weights
+    return d.x_nvs, w_gate, w_up, w_down, d.cu_seqlens, rw, sizes
