@@ -1,0 +1,112 @@
+"""Small problems of every moonep op on CUDA, for scripts/sanitize.sh to run under
+compute-sanitizer (memcheck, racecheck). Triton compiles each kernel at its first call, so
+compiling and running happen here, in the one sanitized process.
+
+The ops and their checks come from the fuzz suite's op table (tests/fuzz_strategies.py), so
+a new op with a fuzz entry is sanitized too. Each problem has tail rows (NaN in the inputs),
+empty groups (leading, inner, trailing), segments longer than one row tile, odd sizes; bf16
+and fp32; on Hopper both the TMA and the portable path. Then every op with bad cu_seqlens
+values (decreasing, negative, past NvS, int32 extremes): unspecified results, but no
+out-of-bounds access. Every case is also checked against the float64 reference.
+
+Prints one line per case and ``SANITIZE_CASES ran=<n> failed=<m>``; exits 1 if any failed.
+``--device cpu`` runs the same cases on the CPU kernels (a dry run of this script).
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import moonep_ops  # noqa: E402,F401
+from tests.fuzz_strategies import OPS, Problem, check  # noqa: E402
+from tests.test_bad_input_cuda import BAD_VALUES, base_tensors, cu_tensor, value_calls  # noqa: E402
+
+
+def _problem(num_groups, *, p_empty, max_real, tail, k, n, dtype, padded=False, max_run=3,
+             strided=False, strided_meta=False, with_weights=True, layout_seed=0):
+    return Problem(num_groups, padded, p_empty, max_run, max_real, layout_seed, 8192, tail, k, n, dtype,
+                   with_weights, strided, strided_meta, data_seed=7)
+
+
+def problems(dtype):
+    """Small, but past every boundary the kernels have: several row/column tiles, partial tiles,
+    K not a multiple of BLOCK_K, G past the in-register schedule (1024), strided views."""
+    return {
+        # TMA-eligible for bf16 (16-byte rows); empty runs; a 37-row NaN tail
+        "mixed": _problem(7, p_empty=0.5, max_real=300, tail=37, k=72, n=200, dtype=dtype, layout_seed=1),
+        # odd sizes (portable path), no route weights
+        "odd": _problem(5, p_empty=0.3, max_real=40, tail=5, k=33, n=17, dtype=dtype, with_weights=False,
+                        layout_seed=2),
+        # MoonEP padding, G > 1024 (the chunked cu_seqlens scan), mostly empty
+        "padded_g1100": _problem(1100, padded=True, p_empty=0.97, max_run=40, max_real=200, tail=130,
+                                 k=64, n=48, dtype=dtype, layout_seed=3),
+        # non-contiguous inputs (data, route weights, cu_seqlens)
+        "strided": _problem(4, p_empty=0.25, max_real=50, tail=9, k=40, n=24, dtype=dtype, strided=True,
+                            strided_meta=True, layout_seed=4),
+        # every segment empty: only the tail
+        "all_empty": _problem(3, p_empty=1.0, max_real=1, tail=20, k=16, n=16, dtype=dtype),
+    }
+
+
+def _run(name, fn, results):
+    t0 = time.perf_counter()
+    try:
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        status = "ok"
+    except Exception:  # record and go on: the sanitizer should see every case
+        status = "FAILED\n" + traceback.format_exc()
+    results.append((name, status == "ok"))
+    print(f"[{time.perf_counter() - t0:7.2f}s] {name}: {status}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    device = parser.parse_args().device
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("sanitize_cases.py: no CUDA device")
+    modes = ["default"]
+    if device == "cuda" and torch.cuda.get_device_capability() >= (9, 0):
+        modes.append("portable")  # MOONEP_OPS_PORTABLE=1: the sm80 path on the same GPU
+    print(f"torch {torch.__version__}, device {device}"
+          + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else "")
+          + f", PYTORCH_NO_CUDA_MEMORY_CACHING={os.environ.get('PYTORCH_NO_CUDA_MEMORY_CACHING')}", flush=True)
+    results = []
+    for mode in modes:
+        os.environ["MOONEP_OPS_PORTABLE"] = "1" if mode == "portable" else "0"
+        for dtype in (torch.bfloat16, torch.float32):
+            if mode == "portable" and dtype == torch.float32:
+                continue  # fp32 never takes the TMA path: nothing new to run
+            for pname, p in problems(dtype).items():
+                for spec in OPS:
+                    if spec.moonep_op is None:
+                        continue  # composites of the public API: the same kernels again
+                    _run(f"{mode} {str(dtype)[6:]} {pname} {spec.name}",
+                         lambda: check(spec, p, device, repeat=False), results)
+    # Invalid cu_seqlens values: the CUDA kernels must stay in bounds (no values to check).
+    os.environ["MOONEP_OPS_PORTABLE"] = "0"
+    for bad, ends in BAD_VALUES.items():
+        b = base_tensors(device, torch.bfloat16)
+        calls = value_calls(b, cu_tensor(b, ends))
+        for op, (fn, args) in calls.items():
+            if device == "cpu":
+                continue  # the CPU kernels raise on these (tests/test_bad_input_cuda.py checks it)
+            _run(f"bad_cu_{bad} {op}", lambda: fn(*args), results)
+    failed = [name for name, ok in results if not ok]
+    print(f"SANITIZE_CASES ran={len(results)} failed={len(failed)}", flush=True)
+    for name in failed:
+        print(f"  failed: {name}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

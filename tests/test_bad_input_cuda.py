@@ -1,0 +1,332 @@
+"""Bad input on CUDA tensors: the same errors as on CPU, no host sync, a healthy context after.
+
+Every case of tests/test_bad_input.py (which pins the messages on CPU and on fake CUDA
+tensors) is rebuilt here on real CUDA tensors and called under
+``torch.cuda.set_sync_debug_mode("error")``, so a check that synced would raise a different
+error. Each must raise exactly the message the fake impl gives for the same metadata (what
+torch.compile would raise), and, where the case does not involve devices or the CUDA dtype
+list, exactly the CPU kernel's message. Bad ``cu_seqlens`` *values* cannot be checked on CUDA
+without a sync: there the kernels must neither fault nor assert on the device (their values
+are unspecified), and ``MOONEP_OPS_DEBUG=1`` turns them into the CPU errors. After every test
+a normal op call and ``torch.cuda.synchronize()`` must still succeed.
+
+The case table also runs on CPU in CI (each case must be rejected there too), so a wrong
+case shows up before the GPU run.
+"""
+
+import contextlib
+import dataclasses
+from types import SimpleNamespace
+from typing import Callable
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import moonep_ops
+from moonep_ops._library import SCHEMAS
+from .reference import TOLERANCE, grouped_gemm_ref, rel_err
+
+HAS_CUDA = torch.cuda.is_available()
+cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+
+NVS, K, N, G = 8, 16, 12, 3
+
+
+def base_tensors(device, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+    return SimpleNamespace(
+        a=r(NVS, K), w=r(G, N, K), w_up=r(G, N, K), gate=r(NVS, N), up=r(NVS, N), grad=r(NVS, N),
+        rw=(torch.rand(NVS, generator=gen) + 0.1).to(device),
+        cu=torch.tensor([3, 3, 6], dtype=torch.int32, device=device),
+        out=torch.empty(NVS, N, dtype=dtype, device=device), device=device)
+
+
+def cu_tensor(b, ends, dtype=torch.int32):
+    return torch.tensor(ends, dtype=dtype, device=b.device)
+
+
+def _other(b, t):
+    """``t`` on the other device: CPU for a CUDA case (CPU has no counterpart: not neutral)."""
+    return t.cpu() if torch.device(b.device).type == "cuda" else t.to("meta")
+
+
+def _ops():
+    return torch.ops.moonep
+
+
+def _gg_out_api(a, w, cu, out):
+    return moonep_ops.grouped_gemm(a, w, cu, out=out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str  # the moonep op (SCHEMAS key) the case is about
+    args: Callable  # base namespace -> (callable, args)
+    neutral: bool = True  # same message on CPU (no device names or device dtype lists in it)
+    cuda_only: bool = False  # bad on CUDA only (float64 is fine on CPU)
+
+
+def _c(op, args, neutral=True):
+    return Case(op, args, neutral)
+
+
+def _cuda_only(op, args):
+    return Case(op, args, neutral=False, cuda_only=True)
+
+
+CASES = {
+    # grouped_gemm
+    "gg_a_3d": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a[None], b.w, b.cu))),
+    "gg_a_1d": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a[0], b.w, b.cu))),
+    "gg_w_2d": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w[0], b.cu))),
+    "gg_w_4d": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w[None], b.cu))),
+    "gg_w_no_groups": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w[:0], cu_tensor(b, [])))),
+    "gg_k_mismatch": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a[:, :K - 1], b.w, b.cu))),
+    "gg_cu_int64": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w, b.cu.long()))),
+    "gg_cu_float": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w, b.cu.float()))),
+    "gg_cu_2d": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w, b.cu[:, None]))),
+    "gg_cu_0d": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w, b.cu[0]))),
+    "gg_cu_short": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w, cu_tensor(b, [3, 6])))),
+    "gg_cu_long": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w, cu_tensor(b, [1, 2, 3, 6])))),
+    "gg_w_bf16": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w.bfloat16(), b.cu))),
+    "gg_a_half": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a.half(), b.w, b.cu))),
+    "gg_int64": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a.long(), b.w.long(), b.cu)), False),
+    "gg_bool": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a.bool(), b.w.bool(), b.cu)), False),
+    "gg_float64": _cuda_only("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a.double(), b.w.double(), b.cu))),
+    "gg_w_other_device": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, _other(b, b.w), b.cu)), False),
+    "gg_cu_other_device": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (b.a, b.w, _other(b, b.cu))), False),
+    "gg_a_other_device": _c("grouped_gemm", lambda b: (_ops().grouped_gemm, (_other(b, b.a), b.w, b.cu)), False),
+    # grouped_gemm_out
+    "ggo_k_mismatch": _c("grouped_gemm_out",
+                         lambda b: (_ops().grouped_gemm_out, (b.a[:, :K - 1], b.w, b.cu, b.out))),
+    "ggo_cu_short": _c("grouped_gemm_out", lambda b: (_ops().grouped_gemm_out, (b.a, b.w, cu_tensor(b, [3, 6]), b.out))),
+    "ggo_out_cols": _c("grouped_gemm_out", lambda b: (_ops().grouped_gemm_out, (b.a, b.w, b.cu, b.a[:, :N + 1]))),
+    "ggo_out_rows": _c("grouped_gemm_out", lambda b: (_ops().grouped_gemm_out, (b.a, b.w, b.cu, b.out[:NVS - 1]))),
+    "ggo_out_1d": _c("grouped_gemm_out", lambda b: (_ops().grouped_gemm_out, (b.a, b.w, b.cu, b.out.view(-1)))),
+    "ggo_out_bf16": _c("grouped_gemm_out", lambda b: (_ops().grouped_gemm_out, (b.a, b.w, b.cu, b.out.bfloat16()))),
+    "ggo_out_other_device": _c("grouped_gemm_out",
+                               lambda b: (_ops().grouped_gemm_out, (b.a, b.w, b.cu, _other(b, b.out))), False),
+    "ggo_out_transposed": _c("grouped_gemm_out", lambda b: (
+        _ops().grouped_gemm_out, (b.a, b.w, b.cu, torch.empty(N, NVS, device=b.device).t()))),
+    "ggo_out_strided": _c("grouped_gemm_out", lambda b: (
+        _ops().grouped_gemm_out, (b.a, b.w, b.cu, torch.empty(NVS, 2 * N, device=b.device)[:, ::2]))),
+    "ggo_public_api_out_half": _c("grouped_gemm_out", lambda b: (_gg_out_api, (b.a, b.w, b.cu, b.out.half()))),
+    # silu_mul_weight
+    "smw_gate_1d": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate[0], b.up[0], b.rw, b.cu))),
+    "smw_gate_3d": _c("silu_mul_weight",
+                      lambda b: (_ops().silu_mul_weight, (b.gate[None], b.up[None], b.rw, b.cu))),
+    "smw_up_cols": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up[:, :N - 1], b.rw, b.cu))),
+    "smw_up_rows": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up[:NVS - 1], b.rw, b.cu))),
+    "smw_up_3d": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up[None], b.rw, b.cu))),
+    "smw_up_bf16": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up.bfloat16(), b.rw, b.cu))),
+    "smw_int32": _c("silu_mul_weight",
+                    lambda b: (_ops().silu_mul_weight, (b.gate.int(), b.up.int(), b.rw, b.cu)), False),
+    "smw_float64": _cuda_only("silu_mul_weight",
+                              lambda b: (_ops().silu_mul_weight, (b.gate.double(), b.up.double(), None, b.cu))),
+    "smw_rw_short": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up, b.rw[:NVS - 1], b.cu))),
+    "smw_rw_long": _c("silu_mul_weight", lambda b: (
+        _ops().silu_mul_weight, (b.gate, b.up, torch.rand(NVS + 1, device=b.device), b.cu))),
+    "smw_rw_2d": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up, b.rw[:, None], b.cu))),
+    "smw_rw_bf16": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up, b.rw.bfloat16(), b.cu))),
+    "smw_rw_double": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up, b.rw.double(), b.cu))),
+    "smw_rw_bf16_bf16_rows": _c("silu_mul_weight", lambda b: (
+        _ops().silu_mul_weight, (b.gate.bfloat16(), b.up.bfloat16(), b.rw.bfloat16(), b.cu))),
+    "smw_cu_int64": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up, b.rw, b.cu.long()))),
+    "smw_cu_2d": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up, b.rw, b.cu[:, None]))),
+    "smw_cu_empty": _c("silu_mul_weight", lambda b: (_ops().silu_mul_weight, (b.gate, b.up, b.rw, b.cu[:0]))),
+    "smw_up_other_device": _c("silu_mul_weight",
+                              lambda b: (_ops().silu_mul_weight, (b.gate, _other(b, b.up), b.rw, b.cu)), False),
+    "smw_rw_other_device": _c("silu_mul_weight",
+                              lambda b: (_ops().silu_mul_weight, (b.gate, b.up, _other(b, b.rw), b.cu)), False),
+    "smw_cu_other_device": _c("silu_mul_weight",
+                              lambda b: (_ops().silu_mul_weight, (b.gate, b.up, None, _other(b, b.cu))), False),
+    # grouped_gemm_silu_mul (x = a [NvS, H=K], w_gate = w, w_up [G, I=N, H])
+    "ggsm_x_3d": _c("grouped_gemm_silu_mul",
+                    lambda b: (_ops().grouped_gemm_silu_mul, (b.a[None], b.w, b.w_up, b.rw, b.cu))),
+    "ggsm_k_mismatch": _c("grouped_gemm_silu_mul",
+                          lambda b: (_ops().grouped_gemm_silu_mul, (b.a[:, :K - 1], b.w, b.w_up, b.rw, b.cu))),
+    "ggsm_cu_short": _c("grouped_gemm_silu_mul",
+                        lambda b: (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up, b.rw, cu_tensor(b, [3, 6])))),
+    "ggsm_int64": _c("grouped_gemm_silu_mul", lambda b: (
+        _ops().grouped_gemm_silu_mul, (b.a.long(), b.w.long(), b.w_up.long(), b.rw, b.cu)), False),
+    "ggsm_float64": _cuda_only("grouped_gemm_silu_mul", lambda b: (
+        _ops().grouped_gemm_silu_mul, (b.a.double(), b.w.double(), b.w_up.double(), None, b.cu))),
+    "ggsm_w_up_cols": _c("grouped_gemm_silu_mul",
+                         lambda b: (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up[:, :N - 1], b.rw, b.cu))),
+    "ggsm_w_up_groups": _c("grouped_gemm_silu_mul",
+                           lambda b: (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up[:G - 1], b.rw, b.cu))),
+    "ggsm_w_up_2d": _c("grouped_gemm_silu_mul",
+                       lambda b: (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up[0], b.rw, b.cu))),
+    "ggsm_w_up_bf16": _c("grouped_gemm_silu_mul",
+                         lambda b: (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up.bfloat16(), b.rw, b.cu))),
+    "ggsm_rw_short": _c("grouped_gemm_silu_mul",
+                        lambda b: (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up, b.rw[:NVS - 1], b.cu))),
+    "ggsm_rw_bf16": _c("grouped_gemm_silu_mul",
+                       lambda b: (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up, b.rw.bfloat16(), b.cu))),
+    "ggsm_w_up_other_device": _c("grouped_gemm_silu_mul", lambda b: (
+        _ops().grouped_gemm_silu_mul, (b.a, b.w, _other(b, b.w_up), b.rw, b.cu)), False),
+    "ggsm_rw_other_device": _c("grouped_gemm_silu_mul", lambda b: (
+        _ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up, _other(b, b.rw), b.cu)), False),
+    # backward ops (issue 7): grad [NvS, N]
+    "dgrad_n_mismatch": _c("grouped_gemm_dgrad",
+                           lambda b: (_ops().grouped_gemm_dgrad, (b.grad[:, :N - 1], b.w, b.cu))),
+    "dgrad_w_other_device": _c("grouped_gemm_dgrad",
+                               lambda b: (_ops().grouped_gemm_dgrad, (b.grad, _other(b, b.w), b.cu)), False),
+    "dual_dgrad_grad_up_cols": _c("grouped_gemm_dual_dgrad", lambda b: (
+        _ops().grouped_gemm_dual_dgrad, (b.grad, b.grad[:, :N - 1], b.w, b.w_up, b.cu))),
+    "wgrad_rows_mismatch": _c("grouped_gemm_wgrad",
+                              lambda b: (_ops().grouped_gemm_wgrad, (b.grad[:NVS - 1], b.a, b.cu))),
+    "wgrad_cu_int64": _c("grouped_gemm_wgrad", lambda b: (_ops().grouped_gemm_wgrad, (b.grad, b.a, b.cu.long()))),
+    "smw_backward_grad_cols": _c("silu_mul_weight_backward", lambda b: (
+        _ops().silu_mul_weight_backward, (b.grad[:, :N - 1], b.gate, b.up, b.rw, b.cu))),
+    "smw_backward_rw_bf16": _c("silu_mul_weight_backward", lambda b: (
+        _ops().silu_mul_weight_backward, (b.grad, b.gate, b.up, b.rw.bfloat16(), b.cu))),
+    "ggsm_backward_grad_cols": _c("grouped_gemm_silu_mul_backward", lambda b: (
+        _ops().grouped_gemm_silu_mul_backward, (b.grad[:, :N - 1], b.a, b.w, b.w_up, b.rw, b.cu))),
+    "ggsm_backward_cu_other_device": _c("grouped_gemm_silu_mul_backward", lambda b: (
+        _ops().grouped_gemm_silu_mul_backward, (b.grad, b.a, b.w, b.w_up, b.rw, _other(b, b.cu))), False),
+}
+# Cases of ops this checkout does not define are left out (test_every_op_has_a_case checks
+# the converse).
+CASES = {name: case for name, case in CASES.items() if case.op in SCHEMAS}
+NEUTRAL = [name for name, case in CASES.items() if case.neutral]
+
+# Bad cu_seqlens values (CPU raises; CUDA cannot look without a sync), on every op that
+# takes cu_seqlens: (name, ends).
+BAD_VALUES = {
+    "decreasing": [4, 2, 6],
+    "negative": [-1, 2, 6],
+    "past_nvs": [3, 3, NVS + 1],
+    "int32_max": [3, 3, 2 ** 31 - 1],
+    "int32_min": [-2 ** 31, 3, 6],
+}
+
+
+def value_calls(b, cu):
+    """Every op with cu_seqlens ``cu``, otherwise valid arguments."""
+    calls = {
+        "grouped_gemm": (_ops().grouped_gemm, (b.a, b.w, cu)),
+        "grouped_gemm_out": (_ops().grouped_gemm_out, (b.a, b.w, cu, b.out)),
+        "silu_mul_weight": (_ops().silu_mul_weight, (b.gate, b.up, b.rw, cu)),
+        "grouped_gemm_silu_mul": (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up, b.rw, cu)),
+        "grouped_gemm_dgrad": (_ops().grouped_gemm_dgrad, (b.grad, b.w, cu)),
+        "grouped_gemm_dual_dgrad": (_ops().grouped_gemm_dual_dgrad, (b.grad, b.grad, b.w, b.w_up, cu)),
+        "grouped_gemm_wgrad": (_ops().grouped_gemm_wgrad, (b.grad, b.a, cu)),
+        "silu_mul_weight_backward": (_ops().silu_mul_weight_backward, (b.grad, b.gate, b.up, b.rw, cu)),
+        "grouped_gemm_silu_mul_backward": (_ops().grouped_gemm_silu_mul_backward,
+                                           (b.grad, b.a, b.w, b.w_up, b.rw, cu)),
+    }
+    return {op: call for op, call in calls.items() if op in SCHEMAS}
+
+
+def _message(fn, args, ctx=contextlib.nullcontext) -> str:
+    with pytest.raises(RuntimeError) as err, ctx():
+        fn(*args)
+    return str(err.value)
+
+
+def _fake_message(fn, args) -> str:
+    """What the fake impl (torch.compile's view) raises for the same metadata."""
+    mode = FakeTensorMode()
+    with mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+    with mode:
+        return _message(fn, fake)
+
+
+@contextlib.contextmanager
+def _no_sync():
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+
+
+@pytest.fixture
+def healthy_cuda():
+    """After the test: a correct op call and a device synchronize must still work (a device-side
+    assert or fault would have poisoned the context)."""
+    yield
+    torch.cuda.synchronize()
+    b = base_tensors("cuda", torch.bfloat16)
+    out = moonep_ops.grouped_gemm(b.a, b.w, b.cu)
+    torch.cuda.synchronize()
+    assert rel_err(out, grouped_gemm_ref(b.a, b.w, b.cu)) <= TOLERANCE[torch.bfloat16]
+
+
+# --- CPU (CI): the table is right -------------------------------------------------------------
+
+def test_every_op_has_a_case():
+    covered = {case.op for case in CASES.values()}
+    assert set(SCHEMAS) <= covered, f"no bad-input case for {sorted(set(SCHEMAS) - covered)}"
+    assert set(SCHEMAS) <= set(value_calls(base_tensors("cpu"), cu_tensor(base_tensors("cpu"), [3, 3, 6])))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_case_is_rejected_on_cpu(name):
+    """Every case raises on CPU (but the CUDA-only ones, which must pass there), and for device-
+    neutral cases the fake impl raises the same message."""
+    fn, args = CASES[name].args(base_tensors("cpu"))
+    if CASES[name].cuda_only:
+        fn(*args)  # fine on CPU
+        return
+    msg = _message(fn, args)
+    assert msg.startswith("moonep::"), msg
+    if CASES[name].neutral:
+        assert _fake_message(fn, args) == msg
+
+
+@pytest.mark.parametrize("bad", list(BAD_VALUES))
+def test_bad_values_rejected_on_cpu(bad):
+    b = base_tensors("cpu")
+    for op, (fn, args) in value_calls(b, cu_tensor(b, BAD_VALUES[bad])).items():
+        assert _message(fn, args).startswith(f"moonep::{op}: cu_seqlens"), op
+
+
+# --- CUDA ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.usefixtures("healthy_cuda")
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_bad_input_on_cuda(name):
+    case = CASES[name]
+    fn, args = case.args(base_tensors("cuda"))
+    msg = _message(fn, args, _no_sync)
+    assert msg == _fake_message(fn, args), "eager CUDA and fake impl disagree"
+    if case.neutral:
+        cpu_fn, cpu_args = case.args(base_tensors("cpu"))
+        assert msg == _message(cpu_fn, cpu_args), "CUDA and CPU disagree"
+
+
+@pytest.mark.parametrize("bad", list(BAD_VALUES))
+@pytest.mark.usefixtures("healthy_cuda")
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_bad_values_on_cuda_no_sync_no_fault(bad):
+    """No raise, no sync, no device fault: values are unspecified but memory stays in bounds."""
+    b = base_tensors("cuda", torch.bfloat16)
+    for op, (fn, args) in value_calls(b, cu_tensor(b, BAD_VALUES[bad])).items():
+        with _no_sync():
+            fn(*args)
+        torch.cuda.synchronize()  # a fault or device assert would surface here
+
+
+@pytest.mark.parametrize("bad", list(BAD_VALUES))
+@pytest.mark.usefixtures("healthy_cuda")
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_bad_values_on_cuda_debug_mode_raises_cpu_error(bad, monkeypatch):
+    """``MOONEP_OPS_DEBUG=1``: the data checks run (with a sync) and raise the CPU message."""
+    monkeypatch.setenv("MOONEP_OPS_DEBUG", "1")
+    b, cpu = base_tensors("cuda"), base_tensors("cpu")
+    cpu_calls = value_calls(cpu, cu_tensor(cpu, BAD_VALUES[bad]))
+    for op, (fn, args) in value_calls(b, cu_tensor(b, BAD_VALUES[bad])).items():
+        assert _message(fn, args) == _message(*cpu_calls[op]), op
