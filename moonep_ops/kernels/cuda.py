@@ -51,23 +51,30 @@ def _choose_fused(x, w_gate, w_up):
             _use_tma(cap, x, w_gate, w_up))
 
 
+def _dense(t):
+    """The kernels index ``cu_seqlens`` and ``route_weights`` as dense vectors; a strided view
+    (even stride 0) becomes a copy here, on the device (free when already contiguous)."""
+    return None if t is None else t.contiguous()
+
+
 def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
     from .triton_grouped_gemm import run_moe_gemm
 
-    run_moe_gemm(a, w, None, None, cu_seqlens, out, _choose_plain, portable_only())
+    run_moe_gemm(a, w, None, None, _dense(cu_seqlens), out, _choose_plain, portable_only())
 
 
 def grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out) -> None:
     from .triton_grouped_gemm import run_moe_gemm
 
-    run_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, _choose_fused, portable_only())
+    run_moe_gemm(x, w_gate, w_up, _dense(route_weights), _dense(cu_seqlens), out, _choose_fused,
+                 portable_only())
 
 
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
     from .triton_silu_mul_weight import launch_silu_mul_weight
 
     cfg = configs.eltwise_config(gate.shape[1], capability_of(gate))
-    launch_silu_mul_weight(gate, up, route_weights, cu_seqlens, out, cfg)
+    launch_silu_mul_weight(gate, up, _dense(route_weights), _dense(cu_seqlens), out, cfg)
 
 
 def _on_device(t: torch.Tensor):
