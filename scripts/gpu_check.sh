@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The whole GPU check in one device call: test suites (cuda-marked and all others), then the
-# benchmark. Usage on the GPU machine, from the repo root:  bash scripts/gpu_check.sh [tests|bench|all]
-# Results land in $OUT (or ./gpu_out): junit XML, logs, benchmark JSON, summary.txt.
+# The whole GPU check: the cuda-marked suites (default path, then the portable sm80 path on the
+# same GPU), the long fuzz profile, compute-sanitizer, and the benchmarks.
+# Usage on the GPU machine, from the repo root:  bash scripts/gpu_check.sh [tests|extra|bench|all]
+#   tests: pytest -m cuda over tests/ and compile_tests/, portable path, long fuzz profile
+#   extra: compute-sanitizer (scripts/sanitize.sh) and the benchmarks; bench: benchmarks only
+# Results land in $OUT (or ./gpu_out): junit XML, logs, benchmark JSON and PNG, summary.txt.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -27,13 +30,28 @@ run_pytest() {  # name, extra env..., pytest args
 }
 if [ "$what" = tests ] || [ "$what" = all ]; then
   run_pytest cuda -m cuda tests compile_tests
-  # The portable (sm80) path on the same GPU, where a Hopper-specific path exists.
-  MOONEP_OPS_PORTABLE=1 run_pytest cuda_portable -m cuda tests
+  # The portable (sm80) path on the same GPU: MOONEP_OPS_PORTABLE=1 turns the Hopper TMA loads off.
+  MOONEP_OPS_PORTABLE=1 run_pytest cuda_portable -m cuda tests -k "not fuzz and not long_replay"
+  MOONEP_OPS_FUZZ=long MOONEP_OPS_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-1000} run_pytest fuzz_long -m cuda tests/test_fuzz.py
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 -m benchmarks.run --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 20
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  echo "bench rc=${PIPESTATUS[0]}" >> "$OUT/summary.txt"
+if [ "$what" = extra ] || [ "$what" = all ]; then
+  bash scripts/sanitize.sh 2>&1 | tail -n 8
+  rc=${PIPESTATUS[0]}
+  echo "sanitize rc=$rc" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || status=1
+fi
+if [ "$what" = extra ] || [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 -m benchmarks.run --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 16
+  rc=${PIPESTATUS[0]}
+  echo "bench rc=$rc" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || status=1
+  python3 -m benchmarks.plot "$OUT/bench.json" "$OUT/bench.png" || echo "plot failed (matplotlib?)"
+  if [ -f benchmarks/train.py ]; then
+    python3 -m benchmarks.train --out "$OUT/train.json" 2>&1 | tee "$OUT/train.log" | tail -n 10
+    rc=${PIPESTATUS[0]}
+    echo "train bench rc=$rc" | tee -a "$OUT/summary.txt"
+    [ "$rc" -eq 0 ] || status=1
+  fi
 fi
 echo "gpu_check status=$status" | tee -a "$OUT/summary.txt"
 exit $status
