@@ -65,7 +65,8 @@ def _check_same_device(op_name: str, ref_name: str, ref: torch.Tensor, **others)
         )
 
 
-def _check_cu_seqlens_meta(op_name: str, cu_seqlens: torch.Tensor, num_groups=None) -> None:
+def _check_cu_seqlens_meta(op_name: str, cu_seqlens: torch.Tensor, num_groups=None,
+                           w_name: str = "w") -> None:
     _check(
         cu_seqlens.dim() == 1,
         _fail(op_name, lambda: f"cu_seqlens must be 1-D [G], got shape {_shape(cu_seqlens)}"),
@@ -82,36 +83,42 @@ def _check_cu_seqlens_meta(op_name: str, cu_seqlens: torch.Tensor, num_groups=No
     else:
         _check(
             cu_seqlens.shape[0] == num_groups,
-            _fail(op_name, lambda: f"cu_seqlens has {cu_seqlens.shape[0]} entries but w has "
-                  f"G = {num_groups} groups (w.shape[0]); they must match"),
+            _fail(op_name, lambda: f"cu_seqlens has {cu_seqlens.shape[0]} entries but {w_name} has "
+                  f"G = {num_groups} groups ({w_name}.shape[0]); they must match"),
         )
 
 
 def check_grouped_gemm(op_name: str, a: torch.Tensor, w: torch.Tensor,
-                       cu_seqlens: torch.Tensor) -> None:
-    _check(a.dim() == 2, _fail(op_name, lambda: f"a must be 2-D [NvS, K], got shape {_shape(a)}"))
-    _check(w.dim() == 3, _fail(op_name, lambda: f"w must be 3-D [G, N, K], got shape {_shape(w)}"))
-    _check(w.shape[0] >= 1, _fail(op_name, lambda: f"w must have G >= 1 groups, got shape {_shape(w)}"))
+                       cu_seqlens: torch.Tensor, *, a_name: str = "a", w_name: str = "w") -> None:
+    """``a [NvS, K]``, ``w [G, N, K]``, ``cu_seqlens [G]``; ``a_name``/``w_name`` are the
+    argument names the calling op's schema uses (errors must name what the user passed)."""
+    _check(a.dim() == 2,
+           _fail(op_name, lambda: f"{a_name} must be 2-D [NvS, K], got shape {_shape(a)}"))
+    _check(w.dim() == 3,
+           _fail(op_name, lambda: f"{w_name} must be 3-D [G, N, K], got shape {_shape(w)}"))
+    _check(w.shape[0] >= 1,
+           _fail(op_name, lambda: f"{w_name} must have G >= 1 groups, got shape {_shape(w)}"))
     _check(
         a.shape[1] == w.shape[2],
-        _fail(op_name, lambda: f"a is [NvS, K] = {_shape(a)} and w is [G, N, K] = {_shape(w)}: "
-              "K must match (out = a @ w[g].T)"),
+        _fail(op_name, lambda: f"{a_name} is [NvS, K] = {_shape(a)} and {w_name} is [G, N, K] = "
+              f"{_shape(w)}: K must match (out = {a_name} @ {w_name}[g].T)"),
     )
-    _check_dtype(op_name, "a", a)
+    _check_dtype(op_name, a_name, a)
     _check(
         w.dtype == a.dtype,
-        _fail(op_name, lambda: f"w has dtype {w.dtype} but a has dtype {a.dtype}; they must match"),
+        _fail(op_name, lambda: f"{w_name} has dtype {w.dtype} but {a_name} has dtype {a.dtype}; "
+              "they must match"),
     )
-    _check_same_device(op_name, "a", a, w=w, cu_seqlens=cu_seqlens)
-    _check_cu_seqlens_meta(op_name, cu_seqlens, w.shape[0])
+    _check_same_device(op_name, a_name, a, **{w_name: w, "cu_seqlens": cu_seqlens})
+    _check_cu_seqlens_meta(op_name, cu_seqlens, w.shape[0], w_name)
 
 
 def check_out(op_name: str, out: torch.Tensor, shape, dtype: torch.dtype,
               device: torch.device) -> None:
-    expected = "[" + ", ".join(str(s) for s in shape) + "]"
     _check(
         out.dim() == len(shape) and all(o == s for o, s in zip(out.shape, shape)),
-        _fail(op_name, lambda: f"out has shape {_shape(out)}, expected {expected}"),
+        _fail(op_name, lambda: f"out has shape {_shape(out)}, expected "
+              f"[{', '.join(str(s) for s in shape)}]"),
     )
     _check(out.dtype == dtype, _fail(op_name, lambda: f"out has dtype {out.dtype}, expected {dtype}"))
     _check(out.device == device, _fail(op_name, lambda: f"out is on {out.device}, expected {device}"))
@@ -178,7 +185,7 @@ def check_cu_seqlens_values(op_name: str, cu_seqlens: torch.Tensor, num_rows: in
 
 def check_grouped_gemm_silu_mul(op_name: str, x: torch.Tensor, w_gate: torch.Tensor,
                                 w_up: torch.Tensor, route_weights, cu_seqlens: torch.Tensor) -> None:
-    check_grouped_gemm(op_name, x, w_gate, cu_seqlens)
+    check_grouped_gemm(op_name, x, w_gate, cu_seqlens, a_name="x", w_name="w_gate")
     _check(
         w_up.dim() == 3 and all(u == g for u, g in zip(w_up.shape, w_gate.shape)),
         _fail(op_name, lambda: f"w_up has shape {_shape(w_up)} but w_gate has shape {_shape(w_gate)}; "

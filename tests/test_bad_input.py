@@ -1,0 +1,531 @@
+"""Every bad input the ops must refuse, with its message pinned.
+
+Each metadata error is raised twice: eagerly (the CPU kernel, or the Meta kernel when a
+tensor is on ``meta``) and by the fake impl under ``FakeTensorMode`` (what torch.compile
+runs), and the two messages must be identical, so eager and compiled code fail alike.
+Fake tensors may claim ``cuda`` without a GPU, which lets CPU CI check the CUDA-only rules
+(no float64, cuda/cpu mixes); the ``cuda``-marked tests repeat them on a real GPU.
+The data checks on ``cu_seqlens`` (decreasing, negative, past ``NvS``) exist on CPU only:
+the fakes must not read data, and the CUDA path must not sync to read it.
+"""
+
+import contextlib
+import unittest
+
+import expecttest
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import moonep_ops
+from moonep_ops.kernels import cpu as cpu_kernels
+
+from .conftest import HAS_CUDA
+
+gg = torch.ops.moonep.grouped_gemm.default
+gg_out = torch.ops.moonep.grouped_gemm_out.default
+smw = torch.ops.moonep.silu_mul_weight.default
+ggsm = torch.ops.moonep.grouped_gemm_silu_mul.default
+
+NVS, K, N, G = 8, 16, 12, 3
+
+
+def _cu(ends=(3, 3, 6), dtype=torch.int32, device="cpu"):
+    return torch.tensor(ends, dtype=dtype, device=device)
+
+
+def _gg_args(device="cpu", dtype=torch.float32):
+    a = torch.randn(NVS, K, device=device).to(dtype)
+    w = torch.randn(G, N, K, device=device).to(dtype)
+    return a, w, _cu(device=device)
+
+
+def _smw_args(device="cpu", dtype=torch.float32):
+    gate = torch.randn(NVS, N, device=device).to(dtype)
+    up = torch.randn(NVS, N, device=device).to(dtype)
+    rw = torch.rand(NVS, device=device)
+    return gate, up, rw, _cu(device=device)
+
+
+def _ggsm_args(device="cpu", dtype=torch.float32):
+    """``(x [NvS, H=K], w_gate, w_up [G, I=N, H], route_weights, cu_seqlens)``."""
+    x = torch.randn(NVS, K, device=device).to(dtype)
+    w_gate = torch.randn(G, N, K, device=device).to(dtype)
+    w_up = torch.randn(G, N, K, device=device).to(dtype)
+    return x, w_gate, w_up, torch.rand(NVS, device=device), _cu(device=device)
+
+
+def _fake_call(fn, args, *, cuda=()):
+    """Call ``fn`` on fake copies of ``args`` (``None`` and non-tensors pass through);
+    positions in ``cuda`` become fake CUDA tensors (no GPU needed)."""
+    mode = FakeTensorMode()
+    with mode:
+        fake = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and i in cuda:
+                # Created inside the mode: a fake CUDA tensor needs no CUDA build.
+                a = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cuda")
+            elif isinstance(a, torch.Tensor):
+                a = mode.from_tensor(a)
+            fake.append(a)
+        return fn(*fake)
+
+
+@contextlib.contextmanager
+def _no_sync():
+    """On CUDA: any host sync inside raises, so a check that synced would show a different error."""
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+
+
+class BadInputCase(expecttest.TestCase):
+    def raises(self, fn, *args, fake=True, eager_ctx=contextlib.nullcontext):
+        """The eager error message; with ``fake``, checks the fake impl raises the same one."""
+        with self.assertRaises(RuntimeError) as eager, eager_ctx():
+            fn(*args)
+        msg = str(eager.exception)
+        if fake:
+            with self.assertRaises(RuntimeError) as faked:
+                _fake_call(fn, args)
+            self.assertEqual(str(faked.exception), msg)
+        return msg
+
+    def raises_fake(self, fn, *args, cuda=()):
+        """The fake impl's message when the tensors at positions ``cuda`` are on (fake) CUDA."""
+        with self.assertRaises(RuntimeError) as faked:
+            _fake_call(fn, args, cuda=cuda)
+        return str(faked.exception)
+
+
+class TestGroupedGemmBadInput(BadInputCase):
+    def test_a_wrong_rank(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg, a[None], w, cu),
+            """moonep::grouped_gemm: a must be 2-D [NvS, K], got shape [1, 8, 16]""")
+        self.assertExpectedInline(
+            self.raises(gg, a[0], w, cu),
+            """moonep::grouped_gemm: a must be 2-D [NvS, K], got shape [16]""")
+
+    def test_w_wrong_rank(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg, a, w[0], cu),
+            """moonep::grouped_gemm: w must be 3-D [G, N, K], got shape [12, 16]""")
+        self.assertExpectedInline(
+            self.raises(gg, a, w[None], cu),
+            """moonep::grouped_gemm: w must be 3-D [G, N, K], got shape [1, 3, 12, 16]""")
+
+    def test_w_no_groups(self):
+        a, w, _ = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg, a, w[:0], _cu(())),
+            """moonep::grouped_gemm: w must have G >= 1 groups, got shape [0, 12, 16]""")
+
+    def test_k_mismatch(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg, a[:, :K - 1], w, cu),
+            """moonep::grouped_gemm: a is [NvS, K] = [8, 15] and w is [G, N, K] = [3, 12, 16]: K must match (out = a @ w[g].T)""")
+
+    def test_cu_seqlens_not_int32(self):
+        a, w, _ = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg, a, w, _cu(dtype=torch.int64)),
+            """moonep::grouped_gemm: cu_seqlens must be int32, got torch.int64""")
+        self.assertExpectedInline(
+            self.raises(gg, a, w, _cu(dtype=torch.float32)),
+            """moonep::grouped_gemm: cu_seqlens must be int32, got torch.float32""")
+
+    def test_cu_seqlens_not_1d(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg, a, w, cu[:, None]),
+            """moonep::grouped_gemm: cu_seqlens must be 1-D [G], got shape [3, 1]""")
+        self.assertExpectedInline(
+            self.raises(gg, a, w, cu[0]),
+            """moonep::grouped_gemm: cu_seqlens must be 1-D [G], got shape []""")
+
+    def test_cu_seqlens_length_not_g(self):
+        a, w, _ = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg, a, w, _cu((3, 6))),
+            """moonep::grouped_gemm: cu_seqlens has 2 entries but w has G = 3 groups (w.shape[0]); they must match""")
+        self.assertExpectedInline(
+            self.raises(gg, a, w, _cu((1, 2, 3, 6))),
+            """moonep::grouped_gemm: cu_seqlens has 4 entries but w has G = 3 groups (w.shape[0]); they must match""")
+
+    def test_dtype_mismatch(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg, a, w.bfloat16(), cu),
+            """moonep::grouped_gemm: w has dtype torch.bfloat16 but a has dtype torch.float32; they must match""")
+        self.assertExpectedInline(
+            self.raises(gg, a.half(), w, cu),
+            """moonep::grouped_gemm: w has dtype torch.float32 but a has dtype torch.float16; they must match""")
+
+    def test_unsupported_dtype(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg, a.long(), w.long(), cu),
+            """moonep::grouped_gemm: a has dtype torch.int64, expected one of torch.bfloat16, torch.float16, torch.float32, torch.float64 on cpu""")
+        self.assertExpectedInline(
+            self.raises(gg, a.bool(), w.bool(), cu),
+            """moonep::grouped_gemm: a has dtype torch.bool, expected one of torch.bfloat16, torch.float16, torch.float32, torch.float64 on cpu""")
+
+    def test_float64_refused_on_cuda(self):
+        a, w, cu = _gg_args(dtype=torch.float64)
+        self.assertExpectedInline(
+            self.raises_fake(gg, a, w, cu, cuda=(0, 1, 2)),
+            """moonep::grouped_gemm: a has dtype torch.float64, expected one of torch.bfloat16, torch.float16, torch.float32 on cuda""")
+
+    def test_device_mismatch(self):
+        a, w, cu = _gg_args()
+        # meta against cpu stands in for cuda against cpu on a machine without a GPU.
+        self.assertExpectedInline(
+            self.raises(gg, a, w.to("meta"), cu),
+            """moonep::grouped_gemm: w is on meta but a is on cpu; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises(gg, a, w, cu.to("meta")),
+            """moonep::grouped_gemm: cu_seqlens is on meta but a is on cpu; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises(gg, a.to("meta"), w, cu),
+            """moonep::grouped_gemm: w is on cpu but a is on meta; all tensors must be on one device""")
+
+    def test_device_mismatch_in_cpu_kernel(self):
+        # Mixed with meta, the dispatcher picks the Meta kernel; the CPU kernel checks too.
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises(cpu_kernels.grouped_gemm, a, w.to("meta"), cu, fake=False),
+            """moonep::grouped_gemm: w is on meta but a is on cpu; all tensors must be on one device""")
+
+    def test_cuda_cpu_mix_fake(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises_fake(gg, a, w, cu, cuda=(0, 1)),
+            """moonep::grouped_gemm: cu_seqlens is on cpu but a is on cuda:0; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises_fake(gg, a, w, cu, cuda=(0,)),
+            """moonep::grouped_gemm: w is on cpu but a is on cuda:0; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises_fake(gg, a, w, cu, cuda=(1, 2)),
+            """moonep::grouped_gemm: w is on cuda:0 but a is on cpu; all tensors must be on one device""")
+
+
+class TestGroupedGemmOutBadInput(BadInputCase):
+    def test_input_checks_shared_with_grouped_gemm(self):
+        a, w, cu = _gg_args()
+        out = torch.empty(NVS, N)
+        self.assertExpectedInline(
+            self.raises(gg_out, a[:, :K - 1], w, cu, out),
+            """moonep::grouped_gemm_out: a is [NvS, K] = [8, 15] and w is [G, N, K] = [3, 12, 16]: K must match (out = a @ w[g].T)""")
+        self.assertExpectedInline(
+            self.raises(gg_out, a, w, _cu((3, 6)), out),
+            """moonep::grouped_gemm_out: cu_seqlens has 2 entries but w has G = 3 groups (w.shape[0]); they must match""")
+
+    def test_out_wrong_shape(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg_out, a, w, cu, torch.empty(NVS, N + 1)),
+            """moonep::grouped_gemm_out: out has shape [8, 13], expected [8, 12]""")
+        self.assertExpectedInline(
+            self.raises(gg_out, a, w, cu, torch.empty(NVS - 1, N)),
+            """moonep::grouped_gemm_out: out has shape [7, 12], expected [8, 12]""")
+        self.assertExpectedInline(
+            self.raises(gg_out, a, w, cu, torch.empty(NVS * N)),
+            """moonep::grouped_gemm_out: out has shape [96], expected [8, 12]""")
+
+    def test_out_wrong_dtype(self):
+        a, w, cu = _gg_args()
+        out = torch.empty(NVS, N, dtype=torch.bfloat16)
+        self.assertExpectedInline(
+            self.raises(gg_out, a, w, cu, out),
+            """moonep::grouped_gemm_out: out has dtype torch.bfloat16, expected torch.float32""")
+
+    def test_out_wrong_device(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(
+            self.raises(gg_out, a, w, cu, torch.empty(NVS, N, device="meta")),
+            """moonep::grouped_gemm_out: out is on meta, expected cpu""")
+        self.assertExpectedInline(
+            self.raises_fake(gg_out, a, w, cu, torch.empty(NVS, N), cuda=(3,)),
+            """moonep::grouped_gemm_out: out is on cuda:0, expected cpu""")
+
+    def test_out_not_contiguous(self):
+        a, w, cu = _gg_args()
+        out = torch.empty(N, NVS).t()
+        self.assertExpectedInline(
+            self.raises(gg_out, a, w, cu, out),
+            """moonep::grouped_gemm_out: out must be contiguous, got shape [8, 12] with strides [1, 8]""")
+        out = torch.empty(NVS, 2 * N)[:, ::2]
+        self.assertExpectedInline(
+            self.raises(gg_out, a, w, cu, out),
+            """moonep::grouped_gemm_out: out must be contiguous, got shape [8, 12] with strides [24, 2]""")
+
+    def test_public_api_out(self):
+        # moonep_ops.grouped_gemm(..., out=) goes through the same op.
+        a, w, cu = _gg_args()
+        out = torch.empty(NVS, N, dtype=torch.float16)
+        self.assertExpectedInline(
+            self.raises(lambda *t: moonep_ops.grouped_gemm(*t[:3], out=t[3]), a, w, cu, out),
+            """moonep::grouped_gemm_out: out has dtype torch.float16, expected torch.float32""")
+
+
+class TestSiluMulWeightBadInput(BadInputCase):
+    def test_gate_wrong_rank(self):
+        gate, up, rw, cu = _smw_args()
+        self.assertExpectedInline(
+            self.raises(smw, gate[0], up[0], rw, cu),
+            """moonep::silu_mul_weight: gate must be 2-D [NvS, I], got shape [12]""")
+        self.assertExpectedInline(
+            self.raises(smw, gate[None], up[None], rw, cu),
+            """moonep::silu_mul_weight: gate must be 2-D [NvS, I], got shape [1, 8, 12]""")
+
+    def test_gate_up_shape_mismatch(self):
+        gate, up, rw, cu = _smw_args()
+        self.assertExpectedInline(
+            self.raises(smw, gate, up[:, :N - 1], rw, cu),
+            """moonep::silu_mul_weight: up has shape [8, 11] but gate has shape [8, 12]; they must match""")
+        self.assertExpectedInline(
+            self.raises(smw, gate, up[:NVS - 1], rw, cu),
+            """moonep::silu_mul_weight: up has shape [7, 12] but gate has shape [8, 12]; they must match""")
+        self.assertExpectedInline(
+            self.raises(smw, gate, up[None], rw, cu),
+            """moonep::silu_mul_weight: up has shape [1, 8, 12] but gate has shape [8, 12]; they must match""")
+
+    def test_gate_up_dtype_mismatch(self):
+        gate, up, rw, cu = _smw_args()
+        self.assertExpectedInline(
+            self.raises(smw, gate, up.bfloat16(), rw, cu),
+            """moonep::silu_mul_weight: up has dtype torch.bfloat16 but gate has dtype torch.float32; they must match""")
+
+    def test_unsupported_dtype(self):
+        gate, up, rw, cu = _smw_args()
+        self.assertExpectedInline(
+            self.raises(smw, gate.int(), up.int(), rw, cu),
+            """moonep::silu_mul_weight: gate has dtype torch.int32, expected one of torch.bfloat16, torch.float16, torch.float32, torch.float64 on cpu""")
+
+    def test_float64_refused_on_cuda(self):
+        gate, up, _, cu = _smw_args(dtype=torch.float64)
+        self.assertExpectedInline(
+            self.raises_fake(smw, gate, up, None, cu, cuda=(0, 1, 3)),
+            """moonep::silu_mul_weight: gate has dtype torch.float64, expected one of torch.bfloat16, torch.float16, torch.float32 on cuda""")
+
+    def test_route_weights_wrong_length(self):
+        gate, up, rw, cu = _smw_args()
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, rw[:NVS - 1], cu),
+            """moonep::silu_mul_weight: route_weights must be [NvS] = [8] (one per row of gate), got shape [7]""")
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, torch.rand(NVS + 1), cu),
+            """moonep::silu_mul_weight: route_weights must be [NvS] = [8] (one per row of gate), got shape [9]""")
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, rw[:, None], cu),
+            """moonep::silu_mul_weight: route_weights must be [NvS] = [8] (one per row of gate), got shape [8, 1]""")
+
+    def test_route_weights_not_fp32(self):
+        gate, up, rw, cu = _smw_args()
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, rw.bfloat16(), cu),
+            """moonep::silu_mul_weight: route_weights must be float32, got torch.bfloat16""")
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, rw.double(), cu),
+            """moonep::silu_mul_weight: route_weights must be float32, got torch.float64""")
+        # The MoonEP case: bf16 activations, route weights still fp32 (and nothing else).
+        self.assertExpectedInline(
+            self.raises(smw, gate.bfloat16(), up.bfloat16(), rw.bfloat16(), cu),
+            """moonep::silu_mul_weight: route_weights must be float32, got torch.bfloat16""")
+
+    def test_cu_seqlens_bad_metadata(self):
+        gate, up, rw, cu = _smw_args()
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, rw, cu.long()),
+            """moonep::silu_mul_weight: cu_seqlens must be int32, got torch.int64""")
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, rw, cu[:, None]),
+            """moonep::silu_mul_weight: cu_seqlens must be 1-D [G], got shape [3, 1]""")
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, rw, cu[:0]),
+            """moonep::silu_mul_weight: cu_seqlens must have at least one segment, got shape [0]""")
+
+    def test_device_mismatch(self):
+        gate, up, rw, cu = _smw_args()
+        self.assertExpectedInline(
+            self.raises(smw, gate, up.to("meta"), rw, cu),
+            """moonep::silu_mul_weight: up is on meta but gate is on cpu; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, rw.to("meta"), cu),
+            """moonep::silu_mul_weight: route_weights is on meta but gate is on cpu; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, None, cu.to("meta")),
+            """moonep::silu_mul_weight: cu_seqlens is on meta but gate is on cpu; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises_fake(smw, gate, up, rw, cu, cuda=(0, 1, 3)),
+            """moonep::silu_mul_weight: route_weights is on cpu but gate is on cuda:0; all tensors must be on one device""")
+
+
+class TestGroupedGemmSiluMulBadInput(BadInputCase):
+    def test_x_w_gate_checks(self):
+        # x / w_gate follow grouped_gemm's rules; errors use this op's argument names.
+        x, wg, wu, rw, cu = _ggsm_args()
+        self.assertExpectedInline(
+            self.raises(ggsm, x[None], wg, wu, rw, cu),
+            """moonep::grouped_gemm_silu_mul: x must be 2-D [NvS, K], got shape [1, 8, 16]""")
+        self.assertExpectedInline(
+            self.raises(ggsm, x[:, :K - 1], wg, wu, rw, cu),
+            """moonep::grouped_gemm_silu_mul: x is [NvS, K] = [8, 15] and w_gate is [G, N, K] = [3, 12, 16]: K must match (out = x @ w_gate[g].T)""")
+        self.assertExpectedInline(
+            self.raises(ggsm, x, wg, wu, rw, _cu((3, 6))),
+            """moonep::grouped_gemm_silu_mul: cu_seqlens has 2 entries but w_gate has G = 3 groups (w_gate.shape[0]); they must match""")
+        self.assertExpectedInline(
+            self.raises(ggsm, x.long(), wg.long(), wu.long(), rw, cu),
+            """moonep::grouped_gemm_silu_mul: x has dtype torch.int64, expected one of torch.bfloat16, torch.float16, torch.float32, torch.float64 on cpu""")
+
+    def test_w_up_shape_mismatch(self):
+        x, wg, wu, rw, cu = _ggsm_args()
+        self.assertExpectedInline(
+            self.raises(ggsm, x, wg, wu[:, :N - 1], rw, cu),
+            """moonep::grouped_gemm_silu_mul: w_up has shape [3, 11, 16] but w_gate has shape [3, 12, 16]; they must match ([G, I, H])""")
+        self.assertExpectedInline(
+            self.raises(ggsm, x, wg, wu[:G - 1], rw, cu),
+            """moonep::grouped_gemm_silu_mul: w_up has shape [2, 12, 16] but w_gate has shape [3, 12, 16]; they must match ([G, I, H])""")
+        self.assertExpectedInline(
+            self.raises(ggsm, x, wg, wu[0], rw, cu),
+            """moonep::grouped_gemm_silu_mul: w_up has shape [12, 16] but w_gate has shape [3, 12, 16]; they must match ([G, I, H])""")
+
+    def test_w_up_dtype_mismatch(self):
+        x, wg, wu, rw, cu = _ggsm_args()
+        self.assertExpectedInline(
+            self.raises(ggsm, x, wg, wu.bfloat16(), rw, cu),
+            """moonep::grouped_gemm_silu_mul: w_up has dtype torch.bfloat16 but x has dtype torch.float32; they must match""")
+
+    def test_route_weights(self):
+        x, wg, wu, rw, cu = _ggsm_args()
+        self.assertExpectedInline(
+            self.raises(ggsm, x, wg, wu, rw[:NVS - 1], cu),
+            """moonep::grouped_gemm_silu_mul: route_weights must be [NvS] = [8] (one per row of x), got shape [7]""")
+        self.assertExpectedInline(
+            self.raises(ggsm, x, wg, wu, rw.bfloat16(), cu),
+            """moonep::grouped_gemm_silu_mul: route_weights must be float32, got torch.bfloat16""")
+
+    def test_device_mismatch(self):
+        x, wg, wu, rw, cu = _ggsm_args()
+        self.assertExpectedInline(
+            self.raises(ggsm, x, wg, wu.to("meta"), rw, cu),
+            """moonep::grouped_gemm_silu_mul: w_up is on meta but x is on cpu; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises(ggsm, x, wg, wu, rw.to("meta"), cu),
+            """moonep::grouped_gemm_silu_mul: route_weights is on meta but x is on cpu; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises_fake(ggsm, x, wg, wu, rw, cu, cuda=(0, 1, 2, 4)),
+            """moonep::grouped_gemm_silu_mul: route_weights is on cpu but x is on cuda:0; all tensors must be on one device""")
+
+    def test_float64_refused_on_cuda(self):
+        x, wg, wu, _, cu = _ggsm_args(dtype=torch.float64)
+        self.assertExpectedInline(
+            self.raises_fake(ggsm, x, wg, wu, None, cu, cuda=(0, 1, 2, 4)),
+            """moonep::grouped_gemm_silu_mul: x has dtype torch.float64, expected one of torch.bfloat16, torch.float16, torch.float32 on cuda""")
+
+
+class TestCuSeqlensValuesCpu(BadInputCase):
+    """Data checks, CPU only. The fakes must accept these (they cannot see values)."""
+
+    def _all_ops(self, cu):
+        a, w, _ = _gg_args()
+        gate, up, rw, _ = _smw_args()
+        out = torch.empty(NVS, N)
+        msgs = [self.raises(gg, a, w, cu, fake=False),
+                self.raises(gg_out, a, w, cu, out, fake=False),
+                self.raises(smw, gate, up, rw, cu, fake=False),
+                self.raises(smw, gate, up, None, cu, fake=False),
+                self.raises(ggsm, a, w, w, rw, cu, fake=False)]
+        # The fakes pass and give the real kernels' metadata: no data read at trace time.
+        self.assertEqual(_fake_call(gg, (a, w, cu)).shape, (NVS, N))
+        self.assertIsNone(_fake_call(gg_out, (a, w, cu, out)))
+        self.assertEqual(_fake_call(smw, (gate, up, rw, cu)).shape, (NVS, N))
+        self.assertEqual(_fake_call(ggsm, (a, w, w, rw, cu)).shape, (NVS, N))
+        # One message per op, differing only in the op name.
+        self.assertEqual(len({m.split(": ", 1)[1] for m in msgs}), 1, msgs)
+        return msgs[0]
+
+    def test_decreasing(self):
+        self.assertExpectedInline(
+            self._all_ops(_cu((4, 2, 6))),
+            """moonep::grouped_gemm: cu_seqlens must be non-decreasing, got cu_seqlens[0] = 4 > cu_seqlens[1] = 2""")
+
+    def test_negative(self):
+        self.assertExpectedInline(
+            self._all_ops(_cu((-1, 2, 6))),
+            """moonep::grouped_gemm: cu_seqlens must be non-negative, got cu_seqlens[0] = -1""")
+
+    def test_last_end_past_nvs(self):
+        self.assertExpectedInline(
+            self._all_ops(_cu((3, 3, NVS + 1))),
+            """moonep::grouped_gemm: cu_seqlens[-1] = 9 exceeds NvS = 8 (the number of rows)""")
+
+    def test_last_end_equal_nvs_is_fine(self):
+        a, w, _ = _gg_args()
+        out = gg(a, w, _cu((3, 3, NVS)))
+        self.assertFalse(out.isnan().any())
+
+
+class TestCompiledRaisesTheSameMessage(BadInputCase):
+    def test_k_mismatch_under_compile(self):
+        a, w, cu = _gg_args()
+        a = a[:, :K - 1].contiguous()
+        eager = self.raises(gg, a, w, cu)
+        torch._dynamo.reset()
+        compiled = torch.compile(moonep_ops.grouped_gemm, fullgraph=True, backend="eager")
+        with self.assertRaises(Exception) as cm:
+            compiled(a, w, cu)
+        self.assertIn(eager, str(cm.exception))
+
+
+@pytest.mark.cuda
+@unittest.skipUnless(HAS_CUDA, "needs a CUDA GPU")
+class TestCudaBadInput(BadInputCase):
+    """The same rules on a real GPU, under sync-debug 'error' so a check that synced would show."""
+
+    def test_float64_refused(self):
+        a, w, cu = _gg_args("cuda", torch.float64)
+        self.assertExpectedInline(
+            self.raises(gg, a, w, cu, eager_ctx=_no_sync),
+            """moonep::grouped_gemm: a has dtype torch.float64, expected one of torch.bfloat16, torch.float16, torch.float32 on cuda""")
+
+    def test_cu_seqlens_on_cpu(self):
+        a, w, _ = _gg_args("cuda")
+        cu = _cu()
+        self.assertExpectedInline(
+            self.raises(gg, a, w, cu, eager_ctx=_no_sync),
+            """moonep::grouped_gemm: cu_seqlens is on cpu but a is on cuda:0; all tensors must be on one device""")
+
+    def test_w_on_cpu(self):
+        a, _, cu = _gg_args("cuda")
+        w = torch.randn(G, N, K)
+        self.assertExpectedInline(
+            self.raises(gg, a, w, cu, eager_ctx=_no_sync),
+            """moonep::grouped_gemm: w is on cpu but a is on cuda:0; all tensors must be on one device""")
+
+    def test_out_on_cpu(self):
+        a, w, cu = _gg_args("cuda")
+        out = torch.empty(NVS, N)
+        self.assertExpectedInline(
+            self.raises(gg_out, a, w, cu, out, eager_ctx=_no_sync),
+            """moonep::grouped_gemm_out: out is on cpu, expected cuda:0""")
+
+    def test_route_weights_on_cpu(self):
+        gate, up, _, cu = _smw_args("cuda")
+        rw = torch.rand(NVS)
+        self.assertExpectedInline(
+            self.raises(smw, gate, up, rw, cu, eager_ctx=_no_sync),
+            """moonep::silu_mul_weight: route_weights is on cpu but gate is on cuda:0; all tensors must be on one device""")
+
+    def test_k_mismatch(self):
+        a, w, cu = _gg_args("cuda")
+        self.assertExpectedInline(
+            self.raises(gg, a[:, :K - 1], w, cu, eager_ctx=_no_sync),
+            """moonep::grouped_gemm: a is [NvS, K] = [8, 15] and w is [G, N, K] = [3, 12, 16]: K must match (out = a @ w[g].T)""")

@@ -1,0 +1,96 @@
+"""``torch.library.opcheck`` on every op over the whole layout matrix, with its default checks.
+
+opcheck checks the registration (schema and alias annotations, autograd registration, fake
+impl against the real kernel's sizes/strides/dtype/device, AOT dispatch with dynamic shapes);
+it checks no maths: tests/test_numerics.py does that against float64 references.
+
+The inputs are the numerics tests' own: NaN in every tail row (and in ``out`` for the ``_out``
+op). opcheck copes as is: the outputs it compares hold no NaN (tails come out zero), and
+its mutation check compares inputs with ``allclose(equal_nan=True)``. No input requires grad
+here: tests/test_autograd.py opchecks the differentiable ops with grad-requiring inputs (on
+fewer layouts, as backward doubles the cost) and the backward ops.
+"""
+
+import pytest
+import torch
+
+from moonep_ops._library import SCHEMAS
+
+from .conftest import DEVICES
+from .layouts import LAYOUTS, experts_inputs, grouped_gemm_inputs, silu_mul_weight_inputs
+
+# The checks opcheck runs by default; all of them must run and pass.
+DEFAULT_CHECKS = {"test_schema", "test_autograd_registration", "test_faketensor",
+                  "test_aot_dispatch_dynamic"}
+
+# Op case -> the op it checks; an op with optional route weights is checked with and without.
+OP_CASES = {
+    "grouped_gemm": "grouped_gemm",
+    "grouped_gemm_out": "grouped_gemm_out",
+    "silu_mul_weight": "silu_mul_weight",
+    "silu_mul_weight_no_weights": "silu_mul_weight",
+    "grouped_gemm_silu_mul": "grouped_gemm_silu_mul",
+    "grouped_gemm_silu_mul_no_weights": "grouped_gemm_silu_mul",
+}
+
+# fp32 over every layout; bf16 (the MoonEP dtype) on the MoonEP-shaped and the odd-sized ones.
+_BF16_LAYOUTS = {"moonep_padded", "empty_middle", "k1001_n300"}
+CASES = [pytest.param(layout, torch.float32, id=f"{layout.name}-fp32") for layout in LAYOUTS] + [
+    pytest.param(layout, torch.bfloat16, id=f"{layout.name}-bf16")
+    for layout in LAYOUTS if layout.name in _BF16_LAYOUTS
+]
+
+
+def _sample(case, layout, dtype, device):
+    """The op overload and its positional arguments."""
+    op = getattr(torch.ops.moonep, OP_CASES[case]).default
+    with_weights = not case.endswith("_no_weights")
+    if case in ("grouped_gemm", "grouped_gemm_out"):
+        a, w, cu = grouped_gemm_inputs(layout, dtype, device)
+        if case == "grouped_gemm":
+            return op, (a, w, cu)
+        out = torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype, device=device)
+        return op, (a, w, cu, out)
+    if case.startswith("silu_mul_weight"):
+        gate, up, rw, cu = silu_mul_weight_inputs(layout, dtype, device, with_weights=with_weights)
+        return op, (gate, up, rw, cu)
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, dtype, device, with_weights=with_weights)
+    return op, (x, w_gate, w_up, rw, cu)
+
+
+def test_every_op_has_cases():
+    # The backward ops (issue 7) are opchecked, with grad-requiring inputs, in test_autograd.py.
+    from .test_autograd import BACKWARD_OPS
+    covered = set(OP_CASES.values()) | set(BACKWARD_OPS)
+    assert covered >= set(SCHEMAS), f"no opcheck cases for {sorted(set(SCHEMAS) - covered)}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(OP_CASES))
+@pytest.mark.parametrize("layout,dtype", CASES)
+def test_opcheck(layout, dtype, case, device):
+    op, args = _sample(case, layout, dtype, device)
+    results = torch.library.opcheck(op, args)  # raises on the first failing check
+    assert DEFAULT_CHECKS <= set(results), f"opcheck ran only {sorted(results)}"
+    assert all(r == "SUCCESS" for r in results.values()), results
+
+
+def test_opcheck_catches_a_wrong_fake():
+    """opcheck is only worth running if it notices a fake that lies: one with wrong strides."""
+    lib = torch.library.Library("moonep_opcheck_selftest", "FRAGMENT")
+    try:
+        lib.define("gg(Tensor a, Tensor w, Tensor cu_seqlens) -> Tensor")
+        lib.impl("gg", torch.ops.moonep.grouped_gemm.default, "CPU")
+
+        @torch.library.register_fake("moonep_opcheck_selftest::gg", lib=lib)
+        def _(a, w, cu_seqlens):
+            return a.new_empty((w.shape[1], a.shape[0])).t()  # transposed: not the kernel's strides
+
+        layout = next(layout for layout in LAYOUTS if layout.name == "unpadded")
+        results = torch.library.opcheck(torch.ops.moonep_opcheck_selftest.gg.default,
+                                        grouped_gemm_inputs(layout), raise_exception=False)
+    finally:
+        lib._destroy()  # unregister, so a rerun in the same process can define it again
+    assert results["test_schema"] == "SUCCESS"
+    assert results["test_faketensor"] != "SUCCESS"
+    assert "stride" in str(results["test_faketensor"]).lower()

@@ -1,0 +1,75 @@
+"""The op ABI, pinned: every schema string we define and what the dispatcher registered.
+
+A change here is a change of the ``moonep`` ops' ABI (vLLM graphs and saved AOT artifacts
+refer to them by schema): update the expected text on purpose, never by reflex
+(``EXPECTTEST_ACCEPT=1 python -m pytest tests/test_schemas.py`` rewrites it).
+"""
+
+import unittest
+
+import expecttest
+import torch
+
+import moonep_ops  # noqa: F401  (registers the ops)
+from moonep_ops._library import NAMESPACE, SCHEMAS, op
+
+
+def _registered_schema(name: str) -> str:
+    return str(op(name)._schema)
+
+
+class TestSchemas(expecttest.TestCase):
+    def test_namespace(self):
+        self.assertExpectedInline(NAMESPACE, """moonep""")
+
+    def test_defined_schemas(self):
+        # One line per op, in definition order: a new, renamed or changed op shows up here.
+        self.assertExpectedInline("\n".join(SCHEMAS.values()), """\
+grouped_gemm(Tensor a, Tensor w, Tensor cu_seqlens) -> Tensor
+grouped_gemm_out(Tensor a, Tensor w, Tensor cu_seqlens, Tensor(a!) out) -> ()
+silu_mul_weight(Tensor gate, Tensor up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
+grouped_gemm_silu_mul(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
+grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor
+grouped_gemm_dual_dgrad(Tensor grad_gate, Tensor grad_up, Tensor w_gate, Tensor w_up, Tensor cu_seqlens) -> Tensor
+grouped_gemm_wgrad(Tensor grad_out, Tensor a, Tensor cu_seqlens) -> Tensor
+silu_mul_weight_backward(Tensor grad, Tensor gate, Tensor up, Tensor? route_weights, Tensor cu_seqlens) -> (Tensor, Tensor, Tensor)
+grouped_gemm_silu_mul_backward(Tensor grad, Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> (Tensor, Tensor, Tensor)""")
+
+    def test_registered_schemas(self):
+        # What the dispatcher parsed, which is what graphs and opcheck see.
+        self.assertExpectedInline("\n".join(_registered_schema(name) for name in SCHEMAS), """\
+moonep::grouped_gemm(Tensor a, Tensor w, Tensor cu_seqlens) -> Tensor
+moonep::grouped_gemm_out(Tensor a, Tensor w, Tensor cu_seqlens, Tensor(a!) out) -> ()
+moonep::silu_mul_weight(Tensor gate, Tensor up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
+moonep::grouped_gemm_silu_mul(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
+moonep::grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor
+moonep::grouped_gemm_dual_dgrad(Tensor grad_gate, Tensor grad_up, Tensor w_gate, Tensor w_up, Tensor cu_seqlens) -> Tensor
+moonep::grouped_gemm_wgrad(Tensor grad_out, Tensor a, Tensor cu_seqlens) -> Tensor
+moonep::silu_mul_weight_backward(Tensor grad, Tensor gate, Tensor up, Tensor? route_weights, Tensor cu_seqlens) -> (Tensor, Tensor, Tensor)
+moonep::grouped_gemm_silu_mul_backward(Tensor grad, Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> (Tensor, Tensor, Tensor)""")
+
+    def test_every_defined_schema_is_the_registered_one(self):
+        for name, schema in SCHEMAS.items():
+            self.assertEqual(_registered_schema(name), f"{NAMESPACE}::{schema}")
+
+    def test_only_grouped_gemm_out_mutates(self):
+        # Functionalization and CUDA-graph trees rely on the alias annotations being right.
+        mutating = [name for name in SCHEMAS
+                    if any(arg.alias_info is not None and arg.alias_info.is_write
+                           for arg in op(name)._schema.arguments)]
+        self.assertExpectedInline(repr(mutating), """['grouped_gemm_out']""")
+        written = [arg.name for arg in op("grouped_gemm_out")._schema.arguments
+                   if arg.alias_info is not None and arg.alias_info.is_write]
+        self.assertExpectedInline(repr(written), """['out']""")
+
+    def test_cpu_kernel_and_fake_registered(self):
+        # A CPU kernel for CI and a fake (Meta) impl for tracing, for every op.
+        for name in SCHEMAS:
+            qualname = f"{NAMESPACE}::{name}"
+            for key in ("CPU", "Meta"):
+                self.assertTrue(torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key),
+                                f"{qualname} has no {key} kernel")
+
+
+if __name__ == "__main__":
+    unittest.main()
