@@ -38,3 +38,6 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
 def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
     _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
     return x.new_empty((x.shape[0], w_gate.shape[1]))
+
+
+from . import backward  # noqa: F401,E402  (fakes of the backward ops)

@@ -9,6 +9,7 @@ only on demand.
 from . import _library  # noqa: F401  (defines the schemas first)
 from . import kernels  # noqa: F401  (registers the kernels)
 import fake_impls  # noqa: F401,E402  (registers the fakes)
+from . import autograd  # noqa: F401,E402  (autograd formulas; after kernels and fakes)
 
 from .ops import grouped_gemm, grouped_gemm_silu_mul, moonep_experts, silu_mul_weight  # noqa: E402
 

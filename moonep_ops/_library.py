@@ -22,6 +22,21 @@ SCHEMAS: dict[str, str] = {
         "grouped_gemm_silu_mul(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, "
         "Tensor cu_seqlens) -> Tensor"
     ),
+    # Backward ops (issue 7); the autograd formulas that call them live in moonep_ops/autograd.py.
+    "grouped_gemm_dgrad": "grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor",
+    "grouped_gemm_dual_dgrad": (
+        "grouped_gemm_dual_dgrad(Tensor grad_gate, Tensor grad_up, Tensor w_gate, Tensor w_up, "
+        "Tensor cu_seqlens) -> Tensor"
+    ),
+    "grouped_gemm_wgrad": "grouped_gemm_wgrad(Tensor grad_out, Tensor a, Tensor cu_seqlens) -> Tensor",
+    "silu_mul_weight_backward": (
+        "silu_mul_weight_backward(Tensor grad, Tensor gate, Tensor up, Tensor? route_weights, "
+        "Tensor cu_seqlens) -> (Tensor, Tensor, Tensor)"
+    ),
+    "grouped_gemm_silu_mul_backward": (
+        "grouped_gemm_silu_mul_backward(Tensor grad, Tensor x, Tensor w_gate, Tensor w_up, "
+        "Tensor? route_weights, Tensor cu_seqlens) -> (Tensor, Tensor, Tensor)"
+    ),
 }
 
 lib = torch.library.Library(NAMESPACE, "DEF")

@@ -10,7 +10,7 @@ from .. import _checks
 from .. import _checks_backward as _bchecks
 from .._library import lib
 from . import configs, configs_backward
-from .cuda import capability_of
+from .cuda import _on_device, capability_of
 
 
 def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
@@ -18,16 +18,23 @@ def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
         _checks.check_cu_seqlens_values(op_name, cu_seqlens, num_rows)
 
 
+def _choose_dgrad(grad_out, w_t, _):
+    """Plan chooser for the forward kernel's launch cache (module level: it is part of the key).
+    ``w_t`` is the transposed view, never TMA-loadable: portable path."""
+    cfg = configs_backward.dgrad_config(w_t.shape[1], w_t.shape[2], grad_out.shape[0], grad_out.dtype,
+                                        capability_of(grad_out))
+    return cfg, False
+
+
 def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
-    from .triton_grouped_gemm import launch_grouped_gemm
+    from .triton_grouped_gemm import run_moe_gemm
 
     _bchecks.check_grouped_gemm_dgrad("grouped_gemm_dgrad", grad_out, w, cu_seqlens)
     _debug_checks("grouped_gemm_dgrad", cu_seqlens, grad_out.shape[0])
-    num_rows, k = grad_out.shape[0], w.shape[2]
-    out = torch.empty((num_rows, k), dtype=grad_out.dtype, device=grad_out.device)
-    cfg = configs.gemm_config(k, w.shape[1], num_rows, grad_out.dtype, capability_of(grad_out))
+    out = torch.empty((grad_out.shape[0], w.shape[2]), dtype=grad_out.dtype, device=grad_out.device)
     # The forward kernel against the transposed view w[g]^T ([G, K, N], any strides): no copy.
-    launch_grouped_gemm(grad_out, w.transpose(1, 2), cu_seqlens, out, cfg)
+    with _on_device(grad_out):
+        run_moe_gemm(grad_out, w.transpose(1, 2), None, None, cu_seqlens, out, _choose_dgrad, None)
     return out
 
 
@@ -39,8 +46,10 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
     _debug_checks("grouped_gemm_dual_dgrad", cu_seqlens, grad_gate.shape[0])
     num_rows, h = grad_gate.shape[0], w_gate.shape[2]
     out = torch.empty((num_rows, h), dtype=grad_gate.dtype, device=grad_gate.device)
-    cfg = configs.gemm_config(h, 2 * w_gate.shape[1], num_rows, grad_gate.dtype, capability_of(grad_gate))
-    launch_grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens, out, cfg)
+    cfg = configs_backward.dgrad_config(h, 2 * w_gate.shape[1], num_rows, grad_gate.dtype,
+                                        capability_of(grad_gate))
+    with _on_device(grad_gate):
+        launch_grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens, out, cfg)
     return out
 
 
@@ -52,7 +61,8 @@ def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
     n, k = grad_out.shape[1], a.shape[1]
     out = torch.empty((cu_seqlens.shape[0], n, k), dtype=a.dtype, device=a.device)
     cfg = configs_backward.wgrad_config(n, k, a.shape[0], a.dtype, capability_of(a))
-    launch_grouped_gemm_wgrad(grad_out, a, cu_seqlens, out, cfg)
+    with _on_device(a):
+        launch_grouped_gemm_wgrad(grad_out, a, cu_seqlens, out, cfg)
     return out
 
 
@@ -66,7 +76,8 @@ def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
     d_up = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     d_rw = torch.empty(gate.shape[0], dtype=torch.float32, device=gate.device)
     cfg = configs.eltwise_config(gate.shape[1], capability_of(gate))
-    launch_silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens, d_gate, d_up, d_rw, cfg)
+    with _on_device(gate):
+        launch_silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens, d_gate, d_up, d_rw, cfg)
     return d_gate, d_up, d_rw
 
 
@@ -79,14 +90,15 @@ def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seql
     num_rows, i = x.shape[0], w_gate.shape[1]
     d_gate = torch.empty((num_rows, i), dtype=x.dtype, device=x.device)
     d_up = torch.empty((num_rows, i), dtype=x.dtype, device=x.device)
-    cfg = configs.fused_gemm_config(i, x.shape[1], num_rows, x.dtype, capability_of(x))
+    cfg = configs_backward.fused_backward_config(i, x.shape[1], num_rows, x.dtype, capability_of(x))
     if route_weights is None:
         partials = None
         d_rw = torch.zeros(num_rows, dtype=torch.float32, device=x.device)
     else:
         partials = torch.empty((num_col_tiles(i, cfg), num_rows), dtype=torch.float32, device=x.device)
-    launch_grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens,
-                                          d_gate, d_up, partials, cfg)
+    with _on_device(x):
+        launch_grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens,
+                                              d_gate, d_up, partials, cfg)
     if partials is not None:
         d_rw = partials.sum(dim=0)  # fixed-order reduction over I tiles: deterministic
     return d_gate, d_up, d_rw

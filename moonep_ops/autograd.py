@@ -1,0 +1,139 @@
+"""Autograd for the ``moonep`` ops: backward formulas built from the backward ops.
+
+- ``grouped_gemm(a, w, cu)``: ``da[seg] = grad[seg] @ w[g]`` (``grouped_gemm_dgrad``),
+  ``dw[g] = grad[seg]^T @ a[seg]`` (``grouped_gemm_wgrad``: fp32 accumulation, exact zeros for
+  empty groups). Tail rows of ``grad`` are never read; ``da`` is zero there.
+- ``silu_mul_weight(gate, up, rw, cu)``: ``silu_mul_weight_backward`` (fp32; ``d rw`` fp32).
+- ``grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)``: gate and up are *recomputed* in the
+  backward (``grouped_gemm_silu_mul_backward``: one fused GEMM pass with the activation's
+  backward in its epilogue), never saved: the forward keeps only its inputs, so activation
+  memory per layer is one ``[NvS, I]`` tensor (the down projection's input) instead of three.
+  Then ``dx = d_gate @ w_gate[g] + d_up @ w_up[g]`` (``grouped_gemm_dual_dgrad``, one pass)
+  and two ``grouped_gemm_wgrad``.
+- ``cu_seqlens`` gets no gradient.
+- ``grouped_gemm_out`` is not differentiable: it raises if asked to record gradients.
+- The backward ops themselves are registered as non-differentiable; a double backward
+  (``create_graph=True`` through a moonep op) raises instead of silently dropping terms.
+
+The backward functions only call ops, so they trace under torch.compile and are CUDA-graph
+capture safe (the ops never sync the host).
+"""
+
+import torch
+
+from ._library import NAMESPACE, lib, op
+
+_grouped_gemm_dgrad = op("grouped_gemm_dgrad")
+_grouped_gemm_dual_dgrad = op("grouped_gemm_dual_dgrad")
+_grouped_gemm_wgrad = op("grouped_gemm_wgrad")
+_silu_mul_weight_backward = op("silu_mul_weight_backward")
+_grouped_gemm_silu_mul_backward = op("grouped_gemm_silu_mul_backward")
+
+BACKWARD_OPS = ("grouped_gemm_dgrad", "grouped_gemm_dual_dgrad", "grouped_gemm_wgrad",
+                "silu_mul_weight_backward", "grouped_gemm_silu_mul_backward")
+
+
+def _requires_grad(*tensors) -> bool:
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
+def _no_double_backward(name: str, *tensors) -> None:
+    # With create_graph=True the backward runs in grad mode; the backward ops have no
+    # derivative, so refuse rather than return gradients that silently miss their terms.
+    if torch.is_grad_enabled() and _requires_grad(*tensors):
+        raise RuntimeError(f"{NAMESPACE}::{name}: double backward (create_graph=True through this op) "
+                           "is not supported")
+
+
+# grouped_gemm ---------------------------------------------------------------------------
+
+def _grouped_gemm_setup(ctx, inputs, output):
+    a, w, cu_seqlens = inputs
+    need_a, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    # Save only what the requested gradients read: da needs w, dw needs a.
+    ctx.save_for_backward(a if need_w else None, w if need_a else None, cu_seqlens)
+
+
+def _grouped_gemm_backward(ctx, grad):
+    a, w, cu_seqlens = ctx.saved_tensors
+    _no_double_backward("grouped_gemm", grad, a, w)
+    da = _grouped_gemm_dgrad(grad, w, cu_seqlens) if ctx.needs_input_grad[0] else None
+    dw = _grouped_gemm_wgrad(grad, a, cu_seqlens) if ctx.needs_input_grad[1] else None
+    return da, dw, None
+
+
+# silu_mul_weight ------------------------------------------------------------------------
+
+def _silu_mul_weight_setup(ctx, inputs, output):
+    gate, up, route_weights, cu_seqlens = inputs
+    ctx.save_for_backward(gate, up, route_weights, cu_seqlens)
+
+
+def _silu_mul_weight_backward_fn(ctx, grad):
+    gate, up, route_weights, cu_seqlens = ctx.saved_tensors
+    _no_double_backward("silu_mul_weight", grad, gate, up, route_weights)
+    d_gate, d_up, d_rw = _silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens)
+    need = ctx.needs_input_grad
+    return (d_gate if need[0] else None, d_up if need[1] else None,
+            d_rw if route_weights is not None and need[2] else None, None)
+
+
+# grouped_gemm_silu_mul ------------------------------------------------------------------
+
+def _fused_setup(ctx, inputs, output):
+    x, w_gate, w_up, route_weights, cu_seqlens = inputs
+    ctx.save_for_backward(x, w_gate, w_up, route_weights, cu_seqlens)
+
+
+def _fused_backward(ctx, grad):
+    x, w_gate, w_up, route_weights, cu_seqlens = ctx.saved_tensors
+    _no_double_backward("grouped_gemm_silu_mul", grad, x, w_gate, w_up, route_weights)
+    d_gate, d_up, d_rw = _grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens)
+    need = ctx.needs_input_grad
+    dx = _grouped_gemm_dual_dgrad(d_gate, d_up, w_gate, w_up, cu_seqlens) if need[0] else None
+    dw_gate = _grouped_gemm_wgrad(d_gate, x, cu_seqlens) if need[1] else None
+    dw_up = _grouped_gemm_wgrad(d_up, x, cu_seqlens) if need[2] else None
+    drw = d_rw if route_weights is not None and need[3] else None
+    return dx, dw_gate, dw_up, drw, None
+
+
+torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm", _grouped_gemm_backward,
+                                setup_context=_grouped_gemm_setup, lib=lib)
+torch.library.register_autograd(f"{NAMESPACE}::silu_mul_weight", _silu_mul_weight_backward_fn,
+                                setup_context=_silu_mul_weight_setup, lib=lib)
+torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm_silu_mul", _fused_backward,
+                                setup_context=_fused_setup, lib=lib)
+
+
+# Non-differentiable ops: explicit Autograd kernels ---------------------------------------
+
+def _redispatch_below_autograd(overload, keyset, args):
+    with torch._C._AutoDispatchBelowAutograd():
+        return overload.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+
+def _grouped_gemm_out_autograd(keyset, a, w, cu_seqlens, out):
+    if torch.is_grad_enabled() and _requires_grad(a, w, out):
+        raise RuntimeError(
+            f"{NAMESPACE}::grouped_gemm_out is not differentiable (it writes into `out`), but an input "
+            "requires grad. For training call moonep_ops.grouped_gemm / moonep_experts without out=, "
+            "or run under torch.no_grad().")
+    _redispatch_below_autograd(op("grouped_gemm_out"), keyset, (a, w, cu_seqlens, out))
+    # The kernel wrote `out` behind autograd's back: bump its version so a stale saved
+    # copy of it is caught, as for any in-place op.
+    torch.autograd.graph.increment_version(out)
+
+
+def _nondifferentiable(name: str):
+    overload = op(name)
+
+    def kernel(keyset, *args):
+        # Outputs do not require grad: the caller (a backward formula) owns the derivative.
+        return _redispatch_below_autograd(overload, keyset, args)
+
+    return kernel
+
+
+lib.impl("grouped_gemm_out", _grouped_gemm_out_autograd, "Autograd", with_keyset=True)
+for _name in BACKWARD_OPS:
+    lib.impl(_name, _nondifferentiable(_name), "Autograd", with_keyset=True)
