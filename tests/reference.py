@@ -54,6 +54,7 @@ def experts_ref(x, w_gate, w_up, w_down, cu_seqlens, route_weights=None) -> torc
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN, which fails any bound)."""
+    ref = ref.detach().to("cpu", torch.float64)
     diff = out.detach().to("cpu", torch.float64) - ref
     denom = ref.norm()
     if denom == 0:
