@@ -10,7 +10,7 @@ from .. import _checks
 from .. import _checks_backward as _bchecks
 from .._library import lib
 from . import configs, configs_backward
-from .cuda import _on_device, capability_of
+from .cuda import _dense, _on_device, capability_of
 
 
 def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
@@ -34,7 +34,7 @@ def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
     out = torch.empty((grad_out.shape[0], w.shape[2]), dtype=grad_out.dtype, device=grad_out.device)
     # The forward kernel against the transposed view w[g]^T ([G, K, N], any strides): no copy.
     with _on_device(grad_out):
-        run_moe_gemm(grad_out, w.transpose(1, 2), None, None, cu_seqlens, out, _choose_dgrad, None)
+        run_moe_gemm(grad_out, w.transpose(1, 2), None, None, _dense(cu_seqlens), out, _choose_dgrad, None)
     return out
 
 
@@ -49,7 +49,7 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
     cfg = configs_backward.dgrad_config(h, 2 * w_gate.shape[1], num_rows, grad_gate.dtype,
                                         capability_of(grad_gate))
     with _on_device(grad_gate):
-        launch_grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens, out, cfg)
+        launch_grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, _dense(cu_seqlens), out, cfg)
     return out
 
 
@@ -62,7 +62,7 @@ def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
     out = torch.empty((cu_seqlens.shape[0], n, k), dtype=a.dtype, device=a.device)
     cfg = configs_backward.wgrad_config(n, k, a.shape[0], a.dtype, capability_of(a))
     with _on_device(a):
-        launch_grouped_gemm_wgrad(grad_out, a, cu_seqlens, out, cfg)
+        launch_grouped_gemm_wgrad(grad_out, a, _dense(cu_seqlens), out, cfg)
     return out
 
 
@@ -77,7 +77,8 @@ def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
     d_rw = torch.empty(gate.shape[0], dtype=torch.float32, device=gate.device)
     cfg = configs.eltwise_config(gate.shape[1], capability_of(gate))
     with _on_device(gate):
-        launch_silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens, d_gate, d_up, d_rw, cfg)
+        launch_silu_mul_weight_backward(grad, gate, up, _dense(route_weights), _dense(cu_seqlens),
+                                        d_gate, d_up, d_rw, cfg)
     return d_gate, d_up, d_rw
 
 
@@ -97,8 +98,8 @@ def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seql
     else:
         partials = torch.empty((num_col_tiles(i, cfg), num_rows), dtype=torch.float32, device=x.device)
     with _on_device(x):
-        launch_grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens,
-                                              d_gate, d_up, partials, cfg)
+        launch_grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, _dense(route_weights),
+                                              _dense(cu_seqlens), d_gate, d_up, partials, cfg)
     if partials is not None:
         d_rw = partials.sum(dim=0)  # fixed-order reduction over I tiles: deterministic
     return d_gate, d_up, d_rw
