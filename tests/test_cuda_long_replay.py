@@ -159,7 +159,7 @@ def test_long_graph_replay(variant):
     with torch.cuda.graph(graph):
         rig.experts_call(out=rig.out)
 
-    live_rows = []
+    layouts = []
     for step in range(STEPS):
         d, tokens = rig.new_step()
         rig.out.fill_(float("nan"))  # poison: every row must be rewritten by the replay
@@ -169,7 +169,8 @@ def test_long_graph_replay(variant):
         assert rig.tail_is_zero(rig.out), f"step {step}: tail rows not zero"
         if step % SPOT_EVERY == 0 or step == STEPS - 1:
             rig.spot_check(rig.out, d, tokens)
-        live_rows.append(int(rig.cu[-1]))
+        layouts.append(tuple(rig.cu.tolist()))  # after the checks: test-side bookkeeping
     torch.cuda.synchronize()
-    # The routing did vary: many distinct layouts.
-    assert len(set(live_rows)) > min(STEPS, 50) // 2, "routing hardly changed between steps"
+    # The routing did vary: many distinct layouts. (Counted on the whole cu_seqlens: with
+    # segments padded to 128, cu[-1] alone takes only a dozen values over 1000 steps.)
+    assert len(set(layouts)) > min(STEPS, 50) // 2, "routing hardly changed between steps"
