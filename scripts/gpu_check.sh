@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # The whole GPU check: the cuda-marked suites (default path, then the portable sm80 path on the
 # same GPU), the long fuzz profile, compute-sanitizer, and the benchmarks.
-# Usage on the GPU machine, from the repo root:  bash scripts/gpu_check.sh [tests|extra|bench|all]
-#   tests: pytest -m cuda over tests/ and compile_tests/, portable path, long fuzz profile
-#   extra: compute-sanitizer (scripts/sanitize.sh) and the benchmarks; bench: benchmarks only
+# Usage on the GPU machine, from the repo root:  bash scripts/gpu_check.sh [STEP...]
+#   tests:    pytest -m cuda over tests/ and compile_tests/ (fuzzing excluded)    ~6 min on an H200
+#   portable: the cuda tests again with MOONEP_OPS_PORTABLE=1 (the sm80 path)
+#   fuzz:     the CUDA fuzz, long profile, FUZZ_EXAMPLES per op (default 100: every new
+#             shape JIT-compiles Triton variants, so examples cost seconds each)
+#   sanitize: compute-sanitizer memcheck + racecheck (scripts/sanitize.sh)
+#   bench:    benchmarks (expert path, training) with JSON and chart
+#   all:      every step (longer than one 10-minute device command: split it across calls)
 # Results land in $OUT (or ./gpu_out): junit XML, logs, benchmark JSON and PNG, summary.txt.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-what=${1:-all}
+steps=" ${*:-all} "
+want() { [[ "$steps" == *" $1 "* || "$steps" == *" all "* ]]; }
 export PYTHONUNBUFFERED=1
 # expecttest is not on the GPU image: carried as a wheel in .whl/ (see README).
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
+# Everything here needs a GPU: a machine without one would "pass" by skipping every test.
+python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" \
+  || { echo "gpu_check: no CUDA GPU visible" | tee "$OUT/summary.txt"; exit 2; }
 status=0
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -28,19 +37,27 @@ run_pytest() {  # name, extra env..., pytest args
   echo "pytest[$name] rc=$rc: $(tail -n 1 "$OUT/pytest_$name.log")" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 }
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  run_pytest cuda -m cuda tests compile_tests
-  # The portable (sm80) path on the same GPU: MOONEP_OPS_PORTABLE=1 turns the Hopper TMA loads off.
-  MOONEP_OPS_PORTABLE=1 run_pytest cuda_portable -m cuda tests -k "not fuzz and not long_replay"
-  MOONEP_OPS_FUZZ=long MOONEP_OPS_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-1000} run_pytest fuzz_long -m cuda tests/test_fuzz.py
+# A hung test must not eat the whole device call (pytest-timeout is on the GPU image).
+TIMEOUT_ARGS=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "-p timeout --timeout 300")
+if want tests; then
+  run_pytest cuda -m cuda $TIMEOUT_ARGS --ignore=tests/test_fuzz.py tests compile_tests
 fi
-if [ "$what" = extra ] || [ "$what" = all ]; then
+if want portable; then
+  # The portable (sm80) path on the same GPU: MOONEP_OPS_PORTABLE=1 turns the Hopper TMA loads off.
+  MOONEP_OPS_PORTABLE=1 run_pytest cuda_portable -m cuda $TIMEOUT_ARGS --ignore=tests/test_fuzz.py \
+    -k "not long_replay" tests
+fi
+if want fuzz; then
+  MOONEP_OPS_FUZZ=long MOONEP_OPS_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-100} run_pytest fuzz_long -m cuda $TIMEOUT_ARGS \
+    tests/test_fuzz.py
+fi
+if want sanitize; then
   bash scripts/sanitize.sh 2>&1 | tail -n 8
   rc=${PIPESTATUS[0]}
   echo "sanitize rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 fi
-if [ "$what" = extra ] || [ "$what" = bench ] || [ "$what" = all ]; then
+if want bench; then
   python3 -m benchmarks.run --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 16
   rc=${PIPESTATUS[0]}
   echo "bench rc=$rc" | tee -a "$OUT/summary.txt"
