@@ -72,4 +72,9 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     ``cu_seqlens[-1]`` are zero.
     """
     act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
+    # The down GEMM would report w_down as its generic "w"; name it here (metadata only).
+    expected = (w_gate.shape[0], x.shape[1], w_gate.shape[1])
+    if w_down.dim() != 3 or tuple(w_down.shape) != expected:
+        raise RuntimeError(f"moonep_experts: w_down must be [G, H, I] = {list(expected)} "
+                           f"(G, I from w_gate, H from x), got shape {list(w_down.shape)}")
     return grouped_gemm(act, w_down, cu_seqlens, out=out)

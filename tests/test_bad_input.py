@@ -529,3 +529,13 @@ class TestCudaBadInput(BadInputCase):
         self.assertExpectedInline(
             self.raises(gg, a[:, :K - 1], w, cu, eager_ctx=_no_sync),
             """moonep::grouped_gemm: a is [NvS, K] = [8, 15] and w is [G, N, K] = [3, 12, 16]: K must match (out = a @ w[g].T)""")
+
+
+class TestMoonepExpertsBadInput(BadInputCase):
+    def test_w_down_wrong_shape_is_named(self):
+        x = torch.randn(NVS, K)
+        w_gate, w_up = torch.randn(G, N, K), torch.randn(G, N, K)
+        w_down = torch.randn(G, N, K)  # [G, I, H] instead of [G, H, I]
+        with self.assertRaises(RuntimeError) as ctx:
+            moonep_ops.moonep_experts(x, w_gate, w_up, w_down, _cu())
+        self.assertExpectedInline(str(ctx.exception), """moonep_experts: w_down must be [G, H, I] = [3, 16, 12] (G, I from w_gate, H from x), got shape [3, 12, 16]""")
