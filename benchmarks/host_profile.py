@@ -3,10 +3,8 @@
 import cProfile
 import pstats
 
-import torch
-
 from .paths import PATHS
-from .run import host_cost_us
+from .run import host_cost_us, tiny_problem
 
 
 def main():
@@ -21,19 +19,13 @@ def main():
             print(f"fast_launch={fast} inference_mode={inference}:",
                   {name: round(host_cost_us(f, inference=inference), 1) for name, f in PATHS.items()})
     fast_launch.ENABLED = enabled
-    g, h, i, nvs = 4, 128, 128, 256
-    x = torch.randn(nvs, h, device="cuda", dtype=torch.bfloat16)
-    wg, wu = (torch.randn(g, i, h, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    wd = torch.randn(g, h, i, device="cuda", dtype=torch.bfloat16)
-    cu = torch.tensor([64, 128, 192, 256], dtype=torch.int32, device="cuda")
-    rw = torch.rand(nvs, device="cuda")
-    out = torch.empty(nvs, h, device="cuda", dtype=torch.bfloat16)
+    args = tiny_problem()
     for _ in range(10):
-        fn(x, wg, wu, wd, cu, rw, out)
+        fn(*args)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(200):
-        fn(x, wg, wu, wd, cu, rw, out)
+        fn(*args)
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 

@@ -4,11 +4,8 @@ empty contiguous results of the kernels' shapes and dtypes. ``NvS`` may be symbo
 import torch
 
 from moonep_ops import _checks_backward as _bchecks
-from moonep_ops._library import NAMESPACE, lib
 
-
-def _fake(name: str):
-    return torch.library.register_fake(f"{NAMESPACE}::{name}", lib=lib)
+from . import _fake  # defined before fake_impls/__init__.py imports this module
 
 
 @_fake("grouped_gemm_dgrad")

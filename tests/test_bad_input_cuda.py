@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import moonep_ops
 from moonep_ops._library import SCHEMAS
 from .reference import TOLERANCE, grouped_gemm_ref, rel_err
+from .test_bad_input import _no_sync
 
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
@@ -237,16 +238,6 @@ def _fake_message(fn, args) -> str:
         fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
     with mode:
         return _message(fn, fake)
-
-
-@contextlib.contextmanager
-def _no_sync():
-    old = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(old)
 
 
 @pytest.fixture
