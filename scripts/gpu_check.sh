@@ -2,13 +2,14 @@
 # The whole GPU check: the cuda-marked suites (default path, then the portable sm80 path on the
 # same GPU), the long fuzz profile, compute-sanitizer, and the benchmarks.
 # Usage on the GPU machine, from the repo root:  bash scripts/gpu_check.sh [STEP...]
-#   tests:    pytest -m cuda over tests/ and compile_tests/ (fuzzing excluded)    ~6 min on an H200
+#   tests:    pytest -m cuda over tests/ and compile_tests/ (fuzzing excluded), 8 xdist workers
 #   portable: the cuda tests again with MOONEP_OPS_PORTABLE=1 (the sm80 path)
-#   fuzz:     the CUDA fuzz, long profile, FUZZ_EXAMPLES per op (default 100: every new
-#             shape JIT-compiles Triton variants, so examples cost seconds each)
+#   fuzz:     the CUDA fuzz, long profile: FUZZ_EXAMPLES per op (default 2000) in FUZZ_SHARDS
+#             (default 16) seeded items per op, spread over the xdist workers
 #   sanitize: compute-sanitizer memcheck + racecheck (scripts/sanitize.sh)
 #   bench:    benchmarks (expert path, training) with JSON and chart
 #   all:      every step (longer than one 10-minute device command: split it across calls)
+# Steps run in the order tests, portable, sanitize, bench, fuzz (the open-ended one last).
 # Results land in $OUT (or ./gpu_out): junit XML, logs, benchmark JSON and PNG, summary.txt.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
@@ -39,6 +40,11 @@ run_pytest() {  # name, extra env..., pytest args
 }
 # A hung test must not eat the whole device call (pytest-timeout is on the GPU image).
 TIMEOUT_ARGS=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "-p timeout --timeout 300")
+# Most of the suite's time is Triton JIT compiles (CPU-bound): pytest-xdist workers share the GPU and
+# the on-disk kernel cache. WORKERS=0 runs in one process.
+if [ "${WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then
+  TIMEOUT_ARGS="$TIMEOUT_ARGS -p xdist -n ${WORKERS:-8}"
+fi
 if want tests; then
   run_pytest cuda -m cuda $TIMEOUT_ARGS --ignore=tests/test_fuzz.py tests compile_tests
 fi
@@ -46,10 +52,6 @@ if want portable; then
   # The portable (sm80) path on the same GPU: MOONEP_OPS_PORTABLE=1 turns the Hopper TMA loads off.
   MOONEP_OPS_PORTABLE=1 run_pytest cuda_portable -m cuda $TIMEOUT_ARGS --ignore=tests/test_fuzz.py \
     -k "not long_replay" tests
-fi
-if want fuzz; then
-  MOONEP_OPS_FUZZ=long MOONEP_OPS_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-100} run_pytest fuzz_long -m cuda $TIMEOUT_ARGS \
-    tests/test_fuzz.py
 fi
 if want sanitize; then
   bash scripts/sanitize.sh 2>&1 | tail -n 8
@@ -70,5 +72,17 @@ if want bench; then
     [ "$rc" -eq 0 ] || status=1
   fi
 fi
+if want fuzz; then
+  # Long profile: FUZZ_EXAMPLES per op and device, split over FUZZ_SHARDS seeds so the xdist
+  # workers share one op's examples; one host thread per worker for the float64 reference.
+  OMP_NUM_THREADS=1 MOONEP_OPS_FUZZ=long MOONEP_OPS_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-2000} \
+    MOONEP_OPS_FUZZ_SHARDS=${FUZZ_SHARDS:-16} run_pytest fuzz_long -m cuda $TIMEOUT_ARGS tests/test_fuzz.py
+fi
 echo "gpu_check status=$status" | tee -a "$OUT/summary.txt"
+# The device tool brings back at most 8 files: with BUNDLE=1 everything goes into one archive
+# (summary.txt stays beside it).
+if [ "${BUNDLE:-0}" = 1 ]; then
+  tar czf /tmp/gpu_check_results.tar.gz -C "$OUT" . && mv /tmp/gpu_check_results.tar.gz "$OUT/results.tar.gz" \
+    && find "$OUT" -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name results.tar.gz -exec rm -rf {} +
+fi
 exit $status
