@@ -71,8 +71,15 @@ def _grouped_gemm_silu_mul_backward_kernel(
         tl.store(dg_ptr + o_off, d_gate.to(dg_ptr.dtype.element_ty), mask=mask)
         tl.store(du_ptr + o_off, d_up.to(du_ptr.dtype.element_ty), mask=mask)
         if HAS_WEIGHTS:
-            part = tl.sum(grad * silu * up, axis=1)
-            tl.store(part_ptr + pid_n.to(tl.int64) * stride_pn + rows, part, mask=row_mask)
+            # Row sums as a dot with ones, not tl.sum: Triton's reduction lets every lane of a
+            # butterfly write its own (bitwise different) fp32 sum to one shared-memory slot, a
+            # write-write race that racecheck reports (triton-lang/triton#7264) and a source of
+            # last-bit nondeterminism. The FMA dot ("ieee") sums each row in one thread, in order.
+            ones = tl.full((BLOCK_N, 16), 1.0, dtype=tl.float32)
+            part = tl.dot(grad * silu * up, ones, input_precision="ieee")  # every column = the row sum
+            c16 = tl.arange(0, 16)
+            tl.store(part_ptr + pid_n.to(tl.int64) * stride_pn + rows[:, None] + c16[None, :] * 0, part,
+                     mask=row_mask[:, None] & (c16[None, :] == 0))
     else:
         j = t - real_tiles
         zero_tail_tile(dg_ptr, cu_ptr, G, NUM_ROWS, j, cols, col_mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
