@@ -417,6 +417,34 @@ def refuses_strided_meta(p: Problem, err: RuntimeError) -> bool:
     return p.strided_meta and "contiguous" in str(err)
 
 
+# Unit roundoff of each input dtype: the size of the relative perturbation below.
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}
+# Condition numbers up to this are what random, well-conditioned problems show (at most 3 over
+# 40 CI-strategy draws of every op; test_typical_problems_are_well_conditioned keeps it so);
+# the bound scales above it.
+KAPPA_TYPICAL = 4.0
+
+
+def condition_numbers(spec, t: dict, refs, dtype, seed: int = 0) -> list:
+    """Relative condition number of each output: how far the float64 reference moves (relative
+    norm, in units of the dtype's roundoff ``u``) when every floating input is multiplied by
+    ``1 + u*U(-1, 1)``. About 1 for well-conditioned outputs; large where sums cancel (K = 1,
+    one live row, a route-weight gradient that sums to almost nothing), and there any correct
+    fp32-accumulating kernel misses the float64 result by about ``kappa * u``, so the fixed
+    tolerance is scaled by ``kappa / KAPPA_TYPICAL``."""
+    eta = UNIT_ROUNDOFF.get(dtype)
+    if eta is None:
+        return [0.0] * len(refs)
+    moved = {}
+    for i, (name, value) in enumerate(t.items()):
+        if torch.is_tensor(value) and value.is_floating_point():
+            gen = torch.Generator(device=value.device).manual_seed(seed + i)
+            noise = torch.rand(value.shape, generator=gen, device=value.device, dtype=torch.float64)
+            value = value.double() * (1 + eta * (2 * noise - 1))
+        moved[name] = value
+    return [rel_err(m, r) / eta for m, r in zip(_as_tuple(spec.ref(moved)), refs)]
+
+
 def check(spec, p: Problem, device="cpu", *, repeat: Optional[bool] = None):
     """Run ``spec`` on problem ``p`` and assert every property; returns the relative errors.
 
@@ -448,9 +476,15 @@ def check(spec, p: Problem, device="cpu", *, repeat: Optional[bool] = None):
     for i, zero in enumerate(spec.zeros(p, outs)):
         assert torch.equal(zero, torch.zeros_like(zero)), f"output {i}: zero region not exactly zero; {where}"
     errs = []
-    for i, (out, ref) in enumerate(zip(outs, _as_tuple(spec.ref(t)))):
+    refs = _as_tuple(spec.ref(t))
+    kappas = None
+    for i, (out, ref) in enumerate(zip(outs, refs)):
         err = rel_err(out, ref)
-        assert err <= TOLERANCE[p.dtype], f"output {i}: rel err {err:.3g} > {TOLERANCE[p.dtype]}; {where}"
+        tol = TOLERANCE[p.dtype]
+        if err > tol:  # an ill-conditioned output earns a wider bound (condition_numbers)
+            kappas = kappas or condition_numbers(spec, t, refs, p.dtype)
+            tol *= max(1.0, kappas[i] / KAPPA_TYPICAL)
+            assert err <= tol, f"output {i}: rel err {err:.3g} > {tol:.3g} (condition number {kappas[i]:.3g}); {where}"
         errs.append(err)
     if repeat if repeat is not None else torch.device(device).type == "cuda":
         again = _as_tuple(spec.call(t))
