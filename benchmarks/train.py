@@ -2,9 +2,11 @@
 
 Paths (same signature ``fn(x, w_gate, w_up, w_down, cu_seqlens, route_weights) -> out``):
 
-- ``moonep``: ``moonep_ops.moonep_experts`` (fused gate/up + activation; its backward recomputes
-  gate/up in one fused pass, then one dual dgrad and K-grouped wgrads).
-- ``moonep_unfused``: ``grouped_gemm`` x2, ``silu_mul_weight``, ``grouped_gemm`` (saves gate/up).
+- ``moonep``: ``moonep_ops.moonep_experts`` as training calls it: gate and up as two grouped GEMMs
+  whose outputs autograd saves, ``silu_mul_weight``, the down GEMM.
+- ``moonep_recompute``: ``moonep_experts(recompute=True)``: the fused gate/up + activation forward,
+  a backward that recomputes gate/up in one fused pass, then one dual dgrad and K-grouped wgrads.
+  (Results before 2026-11-30 03:40 UTC call this path ``moonep`` and the first ``moonep_unfused``.)
 - ``grouped_mm_fn``: what torchtitan/Megatron-style integrations hand-write: an
   ``autograd.Function`` over ``torch._grouped_mm`` (dA = dOut @ W, dW = K-grouped
   ``_grouped_mm(dOut^T, A, offs)``), eager ``silu``/``mul`` under autograd.
@@ -72,15 +74,13 @@ def moonep(x, w_gate, w_up, w_down, cu, rw):
     return moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
 
 
-def moonep_unfused(x, w_gate, w_up, w_down, cu, rw):
-    gate = moonep_ops.grouped_gemm(x, w_gate, cu)
-    up = moonep_ops.grouped_gemm(x, w_up, cu)
-    return moonep_ops.grouped_gemm(moonep_ops.silu_mul_weight(gate, up, rw, cu), w_down, cu)
+def moonep_recompute(x, w_gate, w_up, w_down, cu, rw):
+    return moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, recompute=True)
 
 
 PATHS = {
     "moonep": moonep,
-    "moonep_unfused": moonep_unfused,
+    "moonep_recompute": moonep_recompute,
     "grouped_mm_fn": grouped_mm_fn,
     "grouped_mm_autograd": grouped_mm_autograd,
 }

@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from . import _checks
 from ._library import op
 
 # Resolved once: attribute lookups on torch.ops cost host time on every call.
@@ -64,17 +65,37 @@ def grouped_gemm_silu_mul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Ten
 def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                    w_down: torch.Tensor, cu_seqlens: torch.Tensor,
                    route_weights: Optional[torch.Tensor] = None, *,
-                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   out: Optional[torch.Tensor] = None, recompute: bool = False) -> torch.Tensor:
     """The whole MoonEP expert compute over dispatched rows.
 
     ``x`` is ``[NvS, H]``, ``w_gate``/``w_up`` are ``[G, I, H]``, ``w_down`` is ``[G, H, I]``.
     Returns ``[NvS, H]`` (written into ``out`` when given); rows at or past
     ``cu_seqlens[-1]`` are zero.
+
+    Without autograd (inference) gate/up and the activation are one fused GEMM. When a gradient
+    is needed, ``recompute=False`` (default) runs gate and up as two grouped GEMMs whose bf16
+    outputs autograd saves (as torchtitan-style training does; 2 x ``[NvS, I]`` of memory);
+    ``recompute=True`` keeps the fused forward and recomputes gate/up in the backward (no
+    saved activations, slower today: 0.80x vs 0.99x of ``torch._grouped_mm`` on the H200,
+    ``benchmarks/results/train_h200.json``).
     """
-    act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
+    if not recompute and _needs_grad(x, w_gate, w_up, route_weights):
+        # The fused op's checks first, so that bad input reads the same with and without grad
+        # (under torch.compile the ops' fakes check; Dynamo cannot trace the lazy messages).
+        if not torch.compiler.is_compiling():
+            _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights,
+                                                cu_seqlens)
+        act = _silu_mul_weight(_grouped_gemm(x, w_gate, cu_seqlens), _grouped_gemm(x, w_up, cu_seqlens),
+                               route_weights, cu_seqlens)
+    else:
+        act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
     # The down GEMM would report w_down as its generic "w"; name it here (metadata only).
     expected = (w_gate.shape[0], x.shape[1], w_gate.shape[1])
     if w_down.dim() != 3 or tuple(w_down.shape) != expected:
         raise RuntimeError(f"moonep_experts: w_down must be [G, H, I] = {list(expected)} "
                            f"(G, I from w_gate, H from x), got shape {list(w_down.shape)}")
     return grouped_gemm(act, w_down, cu_seqlens, out=out)
+
+
+def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

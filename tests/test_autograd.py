@@ -12,6 +12,7 @@
 """
 
 import dataclasses
+import functools
 import os
 import pathlib
 import subprocess
@@ -139,6 +140,8 @@ CASES = [
          _fused_args(False)),
     Case("moonep_experts", moonep_ops.moonep_experts, ref_experts, _experts_args(True)),
     Case("moonep_experts_no_weights", moonep_ops.moonep_experts, ref_experts, _experts_args(False)),
+    Case("moonep_experts_recompute", functools.partial(moonep_ops.moonep_experts, recompute=True), ref_experts,
+         _experts_args(True)),
 ]
 CASE_IDS = [c.name for c in CASES]
 
@@ -252,7 +255,16 @@ def test_grads_vs_float64_reference(case, layout, dtype, device):
     _check_grads(case, layout, dtype, args, idx, grads, grad_out, tol)
 
 
-def test_only_requested_gradients_are_computed():
+# Backward ops that moonep_experts' two training paths run for dx alone (no wgrad: frozen weights).
+DX_ONLY_BACKWARD = {
+    False: {"moonep::grouped_gemm_dgrad", "moonep::silu_mul_weight_backward"},  # saved gate/up
+    True: {"moonep::grouped_gemm_dgrad", "moonep::grouped_gemm_silu_mul_backward",
+           "moonep::grouped_gemm_dual_dgrad"},  # recomputed gate/up
+}
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_only_requested_gradients_are_computed(recompute):
     """A frozen weight (requires_grad=False) skips its wgrad; the input still gets its gradient."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -268,13 +280,12 @@ def test_only_requested_gradients_are_computed():
     layout = LAYOUTS[0]
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.float32)
     x.requires_grad_()
-    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
+    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, recompute=recompute)
     grad_out = torch.randn_like(out)
     with Recorder() as rec:
         (dx,) = torch.autograd.grad(out, (x,), grad_out)
     called = {name for name in rec.names if name.startswith("moonep::")}
-    assert called == {"moonep::grouped_gemm_dgrad", "moonep::grouped_gemm_silu_mul_backward",
-                      "moonep::grouped_gemm_dual_dgrad"}, called
+    assert called == DX_ONLY_BACKWARD[recompute], called
     ref = reference_grads(ref_experts, [x, w_gate, w_up, w_down, cu, rw], grad_out)[0]
     assert rel_err(dx, ref) <= TOLERANCE[torch.float32]
 
@@ -418,15 +429,24 @@ def _recording_backend(graphs):
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))
 
 
+# The backward ops each training path of moonep_experts must show in its compiled backward graph.
+BACKWARD_GRAPH_OPS = {
+    False: ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "silu_mul_weight_backward"),
+    True: ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_gemm_silu_mul_backward", "grouped_gemm_dual_dgrad"),
+}
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compile_forward_backward_no_graph_break(backend):
+def test_compile_forward_backward_no_graph_break(backend, recompute):
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     layout = next(lay for lay in LAYOUTS if lay.name == "empty_middle")
     graphs = []
-    compiled = torch.compile(moonep_ops.moonep_experts, fullgraph=True,
+    experts = functools.partial(moonep_ops.moonep_experts, recompute=recompute)
+    compiled = torch.compile(experts, fullgraph=True,
                              backend=_recording_backend(graphs) if backend == "aot_eager" else backend)
     for lay in (layout, dataclasses.replace(layout, sizes=(1, 6, 0, 2, 0, 3), nvs=15)):  # new NvS, routing
         args = _experts_args(True)(lay, torch.float32, "cpu")
@@ -435,17 +455,16 @@ def test_compile_forward_backward_no_graph_break(backend):
         idx = _differentiable(args)
         grads = torch.autograd.grad(out, [args[i] for i in idx], grad_out)
         eager_args = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in args]
-        eager_out = moonep_ops.moonep_experts(*eager_args)
+        eager_out = experts(*eager_args)
         eager_grads = torch.autograd.grad(eager_out, [eager_args[i] for i in idx], grad_out)
         assert rel_err(out.detach(), eager_out.detach().double()) <= 1e-6
         for g, e in zip(grads, eager_grads):
             assert rel_err(g, e.double()) <= 1e-6
-        _check_grads(CASES[-2], lay, torch.float32, args, idx, grads, grad_out)
+        _check_grads(CASES[CASE_IDS.index("moonep_experts")], lay, torch.float32, args, idx, grads, grad_out)
     assert dict(counters["graph_break"]) == {}
     if graphs:
         backward = "\n".join(code for kind, code in graphs if kind == "backward")
-        for name in ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_gemm_silu_mul_backward",
-                     "grouped_gemm_dual_dgrad"):
+        for name in BACKWARD_GRAPH_OPS[recompute]:
             assert f"moonep.{name}" in backward, f"{name} missing from the compiled backward graph"
 
 
@@ -596,3 +615,14 @@ def test_backward_ops_reject_bad_input(case, mode):
 def _re(text):
     import re
     return re.escape(text)
+
+
+def test_bad_input_reads_the_same_with_grad():
+    """Training takes the saved-gate/up composition; its errors still name moonep_experts' arguments."""
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(LAYOUTS[0], torch.float32)
+    messages = []
+    for grad in (False, True):
+        with pytest.raises(RuntimeError) as info:
+            moonep_ops.moonep_experts(x.detach().requires_grad_(grad), w_gate, w_up[:, :-1], w_down, cu, rw)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "w_up" in messages[0], messages
