@@ -8,6 +8,7 @@
 #             (default 16) seeded items per op, spread over the xdist workers
 #   sanitize: compute-sanitizer memcheck + racecheck (scripts/sanitize.sh)
 #   bench:    benchmarks (expert path, training) with JSON and chart
+#   tune:     the backward kernels' config sweep (benchmarks.tune_backward; only when named, not in all)
 #   all:      every step (longer than one 10-minute device command: split it across calls)
 # Steps run in the order tests, portable, sanitize, bench, fuzz (the open-ended one last).
 # Results land in $OUT (or ./gpu_out): junit XML, logs, benchmark JSON and PNG, summary.txt.
@@ -71,6 +72,12 @@ if want bench; then
     echo "train bench rc=$rc" | tee -a "$OUT/summary.txt"
     [ "$rc" -eq 0 ] || status=1
   fi
+fi
+if [[ "$steps" == *" tune "* ]]; then
+  python3 -m benchmarks.tune_backward --out "$OUT/tune_backward.json" 2>&1 | tee "$OUT/tune_backward.log" | tail -n 24
+  rc=${PIPESTATUS[0]}
+  echo "tune_backward rc=$rc" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || status=1
 fi
 if want fuzz; then
   # Long profile: FUZZ_EXAMPLES per op and device, split over FUZZ_SHARDS seeds so the xdist

@@ -196,3 +196,19 @@ def test_cuda_op_bodies(name, layout):
     for g, r in zip(got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,)):
         assert g.dtype == (torch.float32 if g.dim() == 1 else args[0].dtype)
         _assert_close(g, r, torch.float32, layout if g.dim() <= 2 and name != "grouped_gemm_wgrad" else None)
+
+
+def test_tune_backward_roles():
+    """benchmarks/tune_backward.py on a tiny CPU problem: each role's kernel at its committed
+    config agrees with the torch._grouped_mm call it is timed against (the sweep's own check)."""
+    from benchmarks.shapes import Shape, build_problem
+    from benchmarks.tune_backward import _err, roles_for
+
+    shape = Shape("tiny", hidden=32, inter=16, num_groups=10, topk=2, tokens=8, epn=4, active=4)
+    x, w_gate, w_up, w_down, cu, _, sizes = build_problem(shape, 4, device="cpu", dtype=torch.float32)
+    roles = roles_for(shape, x, w_gate, w_up, w_down, cu, sizes)
+    assert sorted(roles) == ["dgrad_down", "dgrad_gate", "dual_dgrad", "wgrad_down", "wgrad_gate"]
+    for name, (_, default, run, torch_run, out, where) in roles.items():
+        out.fill_(float("nan"))
+        run(default)
+        assert _err(out, torch_run(), **where) <= 1e-5, name

@@ -1,0 +1,147 @@
+"""Offline sweep of the backward kernels' block configs (results feed kernels/configs_backward.py).
+
+For each shape of benchmarks/shapes.py with prefill-sized S (S >= 1024) and each backward GEMM
+of a training step, times the committed config (``default``), every candidate, and the
+``torch._grouped_mm`` call that does the same work (``torch``), by CUDA-graph replay on the
+MoonEP-like layout. Each candidate's result is first compared with ``torch._grouped_mm`` on the
+rows and groups that hold data (``err``), so a config that breaks a kernel cannot win.
+
+Roles (bf16; G, I, H from the shape; rows from the layout):
+  dgrad_down   d act [NvS, I] = grad_out @ w_down[g]            (forward kernel, transposed view)
+  dgrad_gate   d x   [NvS, H] = d_gate @ w_gate[g]              (saved-gate/up training, twice)
+  dual_dgrad   d x   [NvS, H] = d_gate @ w_gate[g] + d_up @ w_up[g]  (recompute training)
+  wgrad_gate   d w_gate [G, I, H] = d_gate[seg]^T @ x[seg]      (and w_up alike)
+  wgrad_down   d w_down [G, H, I] = grad_out[seg]^T @ act[seg]
+
+    python -m benchmarks.tune_backward [--out tune_backward.json] [--reps 10] [--roles a,b]
+"""
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+from moonep_ops.kernels import configs_backward
+from moonep_ops.kernels.configs import GemmConfig
+from moonep_ops.kernels.cuda import capability_of
+from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm
+from moonep_ops.kernels.triton_grouped_gemm_dual_dgrad import launch_grouped_gemm_dual_dgrad
+from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
+
+from .run import _median_graph_ms
+from .shapes import SHAPES, build_problem
+
+# (block_m, block_n, block_k, warps, stages). dgrad: the forward kernel's portable path.
+DGRAD = [GemmConfig(*c) for c in [
+    (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
+    (64, 128, 64, 4, 4), (128, 128, 128, 8, 3),
+]]
+# wgrad: block_m is the step over a segment's rows (the reduction), block_n x block_k the tile.
+WGRAD = [GemmConfig(*c) for c in [
+    (64, 128, 128, 8, 3), (64, 128, 128, 8, 4), (128, 128, 128, 8, 3), (32, 128, 128, 4, 4),
+    (64, 128, 256, 8, 3), (64, 256, 128, 8, 3), (64, 64, 128, 4, 4),
+]]
+
+
+def _err(out, ref, live_rows=None, groups=None):
+    if live_rows is not None:
+        out, ref = out[:live_rows], ref[:live_rows]
+    if groups is not None:
+        out, ref = out[groups], ref[groups]
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def roles_for(shape, x, wg, wu, wd, cu, sizes):
+    """``name -> (candidates, default cfg, run(cfg), torch_run(), check(out_of_run) -> err)``."""
+    nvs, live = x.shape[0], sum(sizes)
+    h, i = shape.hidden, shape.inter
+    cap = capability_of(x)
+    bf = dict(device=x.device, dtype=x.dtype)
+    full = [g for g, s in enumerate(sizes) if s][:8]  # groups compared (weight grads are large)
+
+    def rows(n):
+        t = torch.randn(nvs, n, **bf)
+        t[live:] = float("nan")  # undefined rows: never read
+        return t
+
+    grad_out, d_gate, d_up, act = rows(h), rows(i), rows(i), rows(i)
+    out_i, out_h = torch.empty(nvs, i, **bf), torch.empty(nvs, h, **bf)
+    offs = cu
+
+    def dgrad(grad, w, out):
+        return lambda cfg: launch_grouped_gemm(grad, w.transpose(1, 2), cu, out, cfg, False)
+
+    def wgrad(grad, a, n, k):
+        out = torch.empty(cu.shape[0], n, k, **bf)
+        return out, (lambda cfg: launch_grouped_gemm_wgrad(grad, a, cu, out, cfg))
+
+    wg_out, wg_run = wgrad(d_gate, x, i, h)
+    wd_out, wd_run = wgrad(grad_out, act, h, i)
+    roles = {
+        "dgrad_down": (DGRAD, configs_backward.dgrad_config(i, h, nvs, x.dtype, cap), dgrad(grad_out, wd, out_i),
+                       lambda: torch._grouped_mm(grad_out, wd, offs=offs), out_i, dict(live_rows=live)),
+        "dgrad_gate": (DGRAD, configs_backward.dgrad_config(h, i, nvs, x.dtype, cap), dgrad(d_gate, wg, out_h),
+                       lambda: torch._grouped_mm(d_gate, wg, offs=offs), out_h, dict(live_rows=live)),
+        "dual_dgrad": (DGRAD, configs_backward.dgrad_config(h, 2 * i, nvs, x.dtype, cap),
+                       lambda cfg: launch_grouped_gemm_dual_dgrad(d_gate, d_up, wg, wu, cu, out_h, cfg),
+                       lambda: torch._grouped_mm(d_gate, wg, offs=offs) + torch._grouped_mm(d_up, wu, offs=offs),
+                       out_h, dict(live_rows=live)),
+        "wgrad_gate": (WGRAD, configs_backward.wgrad_config(i, h, nvs, x.dtype, cap), wg_run,
+                       lambda: torch._grouped_mm(d_gate.t(), x, offs=offs), wg_out, dict(groups=full)),
+        "wgrad_down": (WGRAD, configs_backward.wgrad_config(h, i, nvs, x.dtype, cap), wd_run,
+                       lambda: torch._grouped_mm(grad_out.t(), act, offs=offs), wd_out, dict(groups=full)),
+    }
+    return roles
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--roles", default="dgrad_down,dgrad_gate,dual_dgrad,wgrad_gate,wgrad_down")
+    args = parser.parse_args(argv)
+    wanted = args.roles.split(",")
+    results = []
+    for shape in [s for s in SHAPES if s.tokens >= 1024]:
+        x, wg, wu, wd, cu, rw, sizes = build_problem(shape, 128)
+        live = sum(sizes)
+        flops = 2 * live * shape.hidden * shape.inter  # one [rows, H] x [H, I] GEMM
+        for name, (cands, default, run, ref_run, out, where) in roles_for(shape, x, wg, wu, wd, cu, sizes).items():
+            if name not in wanted:
+                continue
+            ref = ref_run()
+            torch_us = _median_graph_ms(ref_run, args.reps) * 1e3
+            role_flops = flops * (2 if name == "dual_dgrad" else 1)
+            timings = []
+            for label, cfg in [("default", default)] + [("candidate", c) for c in cands if c != default]:
+                try:
+                    out.fill_(float("nan"))
+                    run(cfg)
+                    err = _err(out, ref, **where)
+                    us = _median_graph_ms(lambda: run(cfg), args.reps) * 1e3 if err <= 2e-2 else math.inf
+                except Exception as exc:  # e.g. out of shared memory: not a candidate
+                    err, us = math.nan, math.inf
+                    print(f"  {name} {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
+                timings.append({"cfg": list(cfg.__dict__.values()), "label": label, "us": us, "err": err,
+                                "tflops": role_flops / us / 1e6 if math.isfinite(us) else 0.0})
+            best = min(timings, key=lambda r: r["us"])
+            print(f"{shape.name:<28} {name:<11} torch {torch_us:8.0f}us | default {timings[0]['us']:8.0f}us "
+                  f"| best {best['us']:8.0f}us {best['cfg']} ({best['tflops']:.0f} TFLOP/s)", flush=True)
+            results.append({"shape": shape.name, "role": name, "rows": live, "torch_us": torch_us,
+                            "timings": timings})
+            del ref
+        del x, wg, wu, wd
+        torch.cuda.empty_cache()
+    if args.out:
+        import triton
+        env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        with open(args.out, "w") as f:
+            json.dump({"env": env, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
