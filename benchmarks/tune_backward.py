@@ -9,6 +9,7 @@ rows and groups that hold data (``err``), so a config that breaks a kernel canno
 Roles (bf16; G, I, H from the shape; rows from the layout):
   dgrad_down   d act [NvS, I] = grad_out @ w_down[g]            (forward kernel, transposed view)
   dgrad_gate   d x   [NvS, H] = d_gate @ w_gate[g]              (saved-gate/up training, twice)
+  *_tma        the same two with TMA loads of the transposed weights (W_KN; not yet the default)
   dual_dgrad   d x   [NvS, H] = d_gate @ w_gate[g] + d_up @ w_up[g]  (recompute training)
   wgrad_gate   d w_gate [G, I, H] = d_gate[seg]^T @ x[seg]      (and w_up alike)
   wgrad_down   d w_down [G, H, I] = grad_out[seg]^T @ act[seg]
@@ -71,8 +72,8 @@ def roles_for(shape, x, wg, wu, wd, cu, sizes):
     out_i, out_h = torch.empty(nvs, i, **bf), torch.empty(nvs, h, **bf)
     offs = cu
 
-    def dgrad(grad, w, out):
-        return lambda cfg: launch_grouped_gemm(grad, w.transpose(1, 2), cu, out, cfg, False)
+    def dgrad(grad, w, out, tma=False):
+        return lambda cfg: launch_grouped_gemm(grad, w.transpose(1, 2), cu, out, cfg, tma)
 
     def wgrad(grad, a, n, k):
         out = torch.empty(cu.shape[0], n, k, **bf)
@@ -85,6 +86,12 @@ def roles_for(shape, x, wg, wu, wd, cu, sizes):
                        lambda: torch._grouped_mm(grad_out, wd, offs=offs), out_i, dict(live_rows=live)),
         "dgrad_gate": (DGRAD, configs_backward.dgrad_config(h, i, nvs, x.dtype, cap), dgrad(d_gate, wg, out_h),
                        lambda: torch._grouped_mm(d_gate, wg, offs=offs), out_h, dict(live_rows=live)),
+        "dgrad_down_tma": (DGRAD, configs_backward.dgrad_config(i, h, nvs, x.dtype, cap),
+                           dgrad(grad_out, wd, out_i, True), lambda: torch._grouped_mm(grad_out, wd, offs=offs),
+                           out_i, dict(live_rows=live)),
+        "dgrad_gate_tma": (DGRAD, configs_backward.dgrad_config(h, i, nvs, x.dtype, cap),
+                           dgrad(d_gate, wg, out_h, True), lambda: torch._grouped_mm(d_gate, wg, offs=offs),
+                           out_h, dict(live_rows=live)),
         "dual_dgrad": (DGRAD, configs_backward.dgrad_config(h, 2 * i, nvs, x.dtype, cap),
                        lambda cfg: launch_grouped_gemm_dual_dgrad(d_gate, d_up, wg, wu, cu, out_h, cfg),
                        lambda: torch._grouped_mm(d_gate, wg, offs=offs) + torch._grouped_mm(d_up, wu, offs=offs),
@@ -101,7 +108,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--roles", default="dgrad_down,dgrad_gate,dual_dgrad,wgrad_gate,wgrad_down")
+    parser.add_argument("--roles", default="dgrad_down,dgrad_gate,dgrad_down_tma,dgrad_gate_tma,dual_dgrad,"
+                                           "wgrad_gate,wgrad_down")
     args = parser.parse_args(argv)
     wanted = args.roles.split(",")
     results = []

@@ -57,6 +57,37 @@ def _assert_close(out, ref, dtype, layout=None):
         assert torch.count_nonzero(out[layout.total:]) == 0, "tail rows are not zero"
 
 
+# TMA on the transposed view (W_KN): the reduction (layout.n) a multiple of BLOCK_K = 16 and
+# 16-byte rows; g300 crosses a cu_seqlens scan chunk.
+KN_LAYOUTS = [Layout("kn_tail_empty", (17, 0, 33, 5), 61, k=48, n=32),
+              Layout("kn_g300", tuple(3 if g % 97 == 5 else 0 for g in range(300)) + (2,), 16, k=8, n=16)]
+
+
+@pytest.mark.parametrize("layout", KN_LAYOUTS, ids=[lay.name for lay in KN_LAYOUTS])
+def test_dgrad_tma_on_transposed_weights(layout):
+    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, tma_usable_kn
+
+    dtype = torch.float16
+    grad, w = _rows(layout, layout.n, dtype), _weights(layout, layout.n, layout.k, dtype)
+    cu = layout.cu_seqlens()
+    assert tma_usable_kn(grad, w.transpose(1, 2), GEMM.block_k)
+    out = _poisoned(layout.nvs, layout.k, dtype=dtype)
+    launch_grouped_gemm(grad, w.transpose(1, 2), cu, out, GEMM, use_tma=True)
+    _assert_close(out, cpu_backward.grouped_gemm_dgrad(*_f64(grad, w), cu), dtype, layout)
+
+
+def test_dgrad_tma_on_transposed_weights_refuses_a_ragged_reduction():
+    """A reduction that is not a multiple of BLOCK_K would read the next group's rows."""
+    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, tma_usable_kn
+
+    layout = Layout("kn_ragged", (5, 7), 12, k=16, n=24)
+    grad, w = _rows(layout, layout.n, torch.float16), _weights(layout, layout.n, layout.k, torch.float16)
+    assert not tma_usable_kn(grad, w.transpose(1, 2), GEMM.block_k)
+    with pytest.raises(ValueError, match="K % BLOCK_K"):
+        launch_grouped_gemm(grad, w.transpose(1, 2), layout.cu_seqlens(), _poisoned(12, 16, dtype=torch.float16),
+                            GEMM, use_tma=True)
+
+
 @pytest.mark.parametrize("layout,dtype", CASES)
 def test_dgrad_through_the_forward_launcher(layout, dtype):
     from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm
@@ -207,7 +238,8 @@ def test_tune_backward_roles():
     shape = Shape("tiny", hidden=32, inter=16, num_groups=10, topk=2, tokens=8, epn=4, active=4)
     x, w_gate, w_up, w_down, cu, _, sizes = build_problem(shape, 4, device="cpu", dtype=torch.float32)
     roles = roles_for(shape, x, w_gate, w_up, w_down, cu, sizes)
-    assert sorted(roles) == ["dgrad_down", "dgrad_gate", "dual_dgrad", "wgrad_down", "wgrad_gate"]
+    assert sorted(roles) == ["dgrad_down", "dgrad_down_tma", "dgrad_gate", "dgrad_gate_tma", "dual_dgrad",
+                             "wgrad_down", "wgrad_gate"]
     for name, (_, default, run, torch_run, out, where) in roles.items():
         out.fill_(float("nan"))
         run(default)

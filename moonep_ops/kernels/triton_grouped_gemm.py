@@ -86,6 +86,7 @@ def _moe_gemm_kernel(
     FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr, PRECISION: tl.constexpr,
+    W_KN: tl.constexpr = False,
 ):
     # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
     if SMALL_G:
@@ -124,7 +125,14 @@ def _moe_gemm_kernel(
             g64 = g.to(tl.int64)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if USE_TMA:
+            if USE_TMA and W_KN:
+                # w[g] is stored [K, N] (the dgrad's transposed view of [G, N', K'] weights): the
+                # descriptor reads it as one [G*K, N] matrix. K % BLOCK_K == 0 (the plan checks), so a
+                # tile never reaches into the next group's rows.
+                for k0 in range(0, K, BLOCK_K):
+                    a = a_desc.load([row_lo, k0])
+                    acc = tl.dot(a, w_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
+            elif USE_TMA:
                 w_row = g * N + pid_n * BLOCK_N
                 for k0 in range(0, K, BLOCK_K):
                     a = a_desc.load([row_lo, k0])
@@ -179,6 +187,22 @@ def tma_usable(a: torch.Tensor, *weights: torch.Tensor) -> bool:
     return all(w.stride(0) == w.shape[1] * w.stride(1) for w in weights)
 
 
+def is_kn_view(w: torch.Tensor) -> bool:
+    """``w [G, N, K]`` is the transposed view of weights stored ``[G, K, N]`` (the dgrad's
+    ``w.transpose(1, 2)``), not itself K-contiguous."""
+    return w.stride(1) == 1 and w.stride(2) != 1
+
+
+def tma_usable_kn(a: torch.Tensor, w: torch.Tensor, block_k: int) -> bool:
+    """TMA for a transposed view: the storage ``[G*K, N]`` must be aligned and back to back,
+    and ``K % block_k == 0`` so that no tile reads across two groups."""
+    g, n, k = w.shape
+    size = w.element_size()
+    return (is_kn_view(w) and a.stride(-1) == 1 and a.data_ptr() % 16 == 0 and (a.stride(0) * size) % 16 == 0
+            and w.data_ptr() % 16 == 0 and (w.stride(2) * size) % 16 == 0 and w.stride(0) == k * w.stride(2)
+            and k % block_k == 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """Everything a launch needs that depends on static metadata only."""
@@ -208,7 +232,13 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Pl
         programs = 4  # interpreter: a few programs, so the persistent loop is exercised
     u = w if w_up is None else w_up
     descs = None
-    if use_tma:
+    w_kn = use_tma and is_kn_view(w)
+    if w_kn:
+        if w_up is not None or not tma_usable_kn(a, w, cfg.block_k):
+            raise ValueError("TMA on transposed weights needs a plain GEMM, aligned storage and K % BLOCK_K == 0")
+        w_geo = ([g * k, n], [w.stride(2), 1], [cfg.block_k, cfg.block_n])
+        descs = (([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k]), w_geo, w_geo)
+    elif use_tma:
         descs = (([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k]),
                  ([g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k]),
                  ([g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k]))
@@ -220,7 +250,7 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Pl
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                         BLOCK_G=max(16, triton.next_power_of_2(g)) if g <= SMALL_G_MAX else BLOCK_G,
                         SMALL_G=g <= SMALL_G_MAX,
-                        PRECISION="ieee" if a.dtype == torch.float32 else "tf32"),
+                        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_KN=w_kn),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs,
     )
 
