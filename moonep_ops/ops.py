@@ -73,8 +73,8 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     ``cu_seqlens[-1]`` are zero.
 
     Without autograd (inference) gate/up and the activation are one fused GEMM. When a gradient
-    is needed, ``recompute=False`` (default) runs gate and up as two grouped GEMMs whose bf16
-    outputs autograd saves (as torchtitan-style training does; 2 x ``[NvS, I]`` of memory);
+    is needed, ``recompute=False`` (default) runs gate and up as two grouped GEMMs whose
+    outputs (in x's dtype) autograd saves (as torchtitan-style training does; 2 x ``[NvS, I]``);
     ``recompute=True`` keeps the fused forward and recomputes gate/up in the backward (no
     saved activations, slower today: 0.80x vs 0.99x of ``torch._grouped_mm`` on the H200,
     ``benchmarks/results/train_h200.json``).
