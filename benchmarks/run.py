@@ -18,6 +18,13 @@ from .paths import PATHS
 from .shapes import SHAPES, build_problem
 
 
+def environment() -> dict:
+    """What every result file records: GPU, torch, triton, python, date."""
+    import triton
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
 def _median_graph_ms(fn, reps: int) -> float:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -116,9 +123,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     paths = {k: PATHS[k] for k in args.paths.split(",")}
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
-    import triton
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    env = environment()
     ceilings = measure_ceilings()
     print(f"# {env}  ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s, {ceilings['copy_tbps']:.2f} TB/s")
     host = {name: host_cost_us(fn) for name, fn in paths.items()}

@@ -25,15 +25,13 @@ import argparse
 import dataclasses
 import json
 import math
-import platform
-import time
 
 import torch
 import torch.nn.functional as F
 
 import moonep_ops
 
-from .run import _median_graph_ms, measure_ceilings
+from .run import _median_graph_ms, environment, measure_ceilings
 from .shapes import SHAPES, build_problem
 
 
@@ -175,9 +173,7 @@ def main(argv=None):
                   for s in SHAPES]
     else:
         shapes = [s for s in SHAPES if s.tokens >= 1024]
-    import triton
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    env = environment()
     ceilings = measure_ceilings()
     print(f"# {env}  matmul ceiling {ceilings['matmul_tflops']:.0f} TFLOP/s; speed-ups vs {BASE}")
     rows = []

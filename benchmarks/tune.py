@@ -14,7 +14,7 @@ import torch
 from moonep_ops.kernels.configs import GemmConfig
 from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_silu_mul
 
-from .run import _median_graph_ms
+from .run import _median_graph_ms, environment
 from .shapes import SHAPES, build_problem
 
 FUSED = [GemmConfig(*c) for c in [
@@ -62,13 +62,8 @@ def main(argv=None):
         del x, wg, wu, wd, act
         torch.cuda.empty_cache()
     if args.out:
-        import time
-
-        import triton
-        env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         with open(args.out, "w") as f:
-            json.dump({"env": env, "results": results}, f, indent=1)
+            json.dump({"env": environment(), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Roles (bf16; G, I, H from the shape; rows from the layout):
 import argparse
 import json
 import math
-import time
 
 import torch
 
@@ -31,7 +30,7 @@ from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm
 from moonep_ops.kernels.triton_grouped_gemm_dual_dgrad import launch_grouped_gemm_dual_dgrad
 from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
 
-from .run import _median_graph_ms
+from .run import _median_graph_ms, environment
 from .shapes import SHAPES, build_problem
 
 # (block_m, block_n, block_k, warps, stages). dgrad: the forward kernel's portable path.
@@ -56,52 +55,46 @@ def _err(out, ref, live_rows=None, groups=None):
 
 
 def roles_for(shape, x, wg, wu, wd, cu, sizes):
-    """``name -> (candidates, default cfg, run(cfg), torch_run(), check(out_of_run) -> err)``."""
+    """``name -> (candidates, committed config, run(cfg), torch_run(), output buffer, where)``;
+    ``where`` says which part of the output to compare (``_err``'s keywords)."""
     nvs, live = x.shape[0], sum(sizes)
     h, i = shape.hidden, shape.inter
     cap = capability_of(x)
-    bf = dict(device=x.device, dtype=x.dtype)
+    like = dict(device=x.device, dtype=x.dtype)
     full = [g for g, s in enumerate(sizes) if s][:8]  # groups compared (weight grads are large)
 
     def rows(n):
-        t = torch.randn(nvs, n, **bf)
+        t = torch.randn(nvs, n, **like)
         t[live:] = float("nan")  # undefined rows: never read
         return t
 
     grad_out, d_gate, d_up, act = rows(h), rows(i), rows(i), rows(i)
-    out_i, out_h = torch.empty(nvs, i, **bf), torch.empty(nvs, h, **bf)
-    offs = cu
 
-    def dgrad(grad, w, out, tma=False):
-        return lambda cfg: launch_grouped_gemm(grad, w.transpose(1, 2), cu, out, cfg, tma)
+    def dgrad(grad, w, tma=False):  # [NvS, N] @ w[g] ([G, N, K]) -> [NvS, K]
+        out = torch.empty(nvs, w.shape[2], **like)
+        cfg = configs_backward.dgrad_config(w.shape[2], w.shape[1], nvs, x.dtype, cap)
+        return (DGRAD, cfg, lambda c: launch_grouped_gemm(grad, w.transpose(1, 2), cu, out, c, tma),
+                lambda: torch._grouped_mm(grad, w, offs=cu), out, dict(live_rows=live))
 
-    def wgrad(grad, a, n, k):
-        out = torch.empty(cu.shape[0], n, k, **bf)
-        return out, (lambda cfg: launch_grouped_gemm_wgrad(grad, a, cu, out, cfg))
+    def wgrad(grad, a):  # grad[seg]^T @ a[seg] -> [G, N, K]
+        out = torch.empty(cu.shape[0], grad.shape[1], a.shape[1], **like)
+        cfg = configs_backward.wgrad_config(grad.shape[1], a.shape[1], nvs, x.dtype, cap)
+        return (WGRAD, cfg, lambda c: launch_grouped_gemm_wgrad(grad, a, cu, out, c),
+                lambda: torch._grouped_mm(grad.t(), a, offs=cu), out, dict(groups=full))
 
-    wg_out, wg_run = wgrad(d_gate, x, i, h)
-    wd_out, wd_run = wgrad(grad_out, act, h, i)
-    roles = {
-        "dgrad_down": (DGRAD, configs_backward.dgrad_config(i, h, nvs, x.dtype, cap), dgrad(grad_out, wd, out_i),
-                       lambda: torch._grouped_mm(grad_out, wd, offs=offs), out_i, dict(live_rows=live)),
-        "dgrad_gate": (DGRAD, configs_backward.dgrad_config(h, i, nvs, x.dtype, cap), dgrad(d_gate, wg, out_h),
-                       lambda: torch._grouped_mm(d_gate, wg, offs=offs), out_h, dict(live_rows=live)),
-        "dgrad_down_tma": (DGRAD, configs_backward.dgrad_config(i, h, nvs, x.dtype, cap),
-                           dgrad(grad_out, wd, out_i, True), lambda: torch._grouped_mm(grad_out, wd, offs=offs),
-                           out_i, dict(live_rows=live)),
-        "dgrad_gate_tma": (DGRAD, configs_backward.dgrad_config(h, i, nvs, x.dtype, cap),
-                           dgrad(d_gate, wg, out_h, True), lambda: torch._grouped_mm(d_gate, wg, offs=offs),
-                           out_h, dict(live_rows=live)),
+    out_h = torch.empty(nvs, h, **like)
+    return {
+        "dgrad_down": dgrad(grad_out, wd),
+        "dgrad_gate": dgrad(d_gate, wg),
+        "dgrad_down_tma": dgrad(grad_out, wd, tma=True),
+        "dgrad_gate_tma": dgrad(d_gate, wg, tma=True),
         "dual_dgrad": (DGRAD, configs_backward.dgrad_config(h, 2 * i, nvs, x.dtype, cap),
-                       lambda cfg: launch_grouped_gemm_dual_dgrad(d_gate, d_up, wg, wu, cu, out_h, cfg),
-                       lambda: torch._grouped_mm(d_gate, wg, offs=offs) + torch._grouped_mm(d_up, wu, offs=offs),
+                       lambda c: launch_grouped_gemm_dual_dgrad(d_gate, d_up, wg, wu, cu, out_h, c),
+                       lambda: torch._grouped_mm(d_gate, wg, offs=cu) + torch._grouped_mm(d_up, wu, offs=cu),
                        out_h, dict(live_rows=live)),
-        "wgrad_gate": (WGRAD, configs_backward.wgrad_config(i, h, nvs, x.dtype, cap), wg_run,
-                       lambda: torch._grouped_mm(d_gate.t(), x, offs=offs), wg_out, dict(groups=full)),
-        "wgrad_down": (WGRAD, configs_backward.wgrad_config(h, i, nvs, x.dtype, cap), wd_run,
-                       lambda: torch._grouped_mm(grad_out.t(), act, offs=offs), wd_out, dict(groups=full)),
+        "wgrad_gate": wgrad(d_gate, x),
+        "wgrad_down": wgrad(grad_out, act),
     }
-    return roles
 
 
 def main(argv=None):
@@ -144,11 +137,8 @@ def main(argv=None):
         del x, wg, wu, wd
         torch.cuda.empty_cache()
     if args.out:
-        import triton
-        env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         with open(args.out, "w") as f:
-            json.dump({"env": env, "results": results}, f, indent=1)
+            json.dump({"env": environment(), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

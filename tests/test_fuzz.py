@@ -94,9 +94,9 @@ def test_fuzz(spec, device, shard):
 
 def _p(num_groups, *, padded=False, p_empty=0.3, max_run=4, max_real=20, tail=5, k=24, n=40,
        dtype=torch.float32, with_weights=True, strided=False, strided_meta=False, layout_seed=0,
-       max_rows=3072):
+       max_rows=3072, data_seed=1):
     return Problem(num_groups, padded, p_empty, max_run, max_real, layout_seed, max_rows, tail,
-                   k, n, dtype, with_weights, strided, strided_meta, data_seed=1)
+                   k, n, dtype, with_weights, strided, strided_meta, data_seed=data_seed)
 
 
 # Corners the random search reaches only by luck; every op runs each of them.
@@ -174,11 +174,11 @@ def test_make_layout_trims_to_budget():
 # Found by the long profile on the H200 (2026-11-30): correct results that miss the float64
 # reference by more than the fixed tolerance because the output is a sum that cancels (K = 1,
 # one live row): CPU kernels miss it alike. check() widens the bound by the condition number.
+_ONE_LIVE_ROW = dict(padded=True, p_empty=0.0, max_run=1, max_real=1, k=1, max_rows=8192)
 ILL_CONDITIONED = {
-    "experts_k1_one_row_tile": ("moonep_experts", Problem(
-        1, True, 0.0, 1, 1, 0, 8192, 0, 1, 618, torch.bfloat16, False, False, False, data_seed=111)),
-    "d_rw_cancels": ("silu_mul_weight_backward", Problem(
-        1, True, 0.0, 1, 1, 0, 8192, 1, 1, 432, torch.float32, True, False, False, data_seed=4145)),
+    "experts_k1_one_row_tile": ("moonep_experts", _p(1, tail=0, n=618, dtype=torch.bfloat16, with_weights=False,
+                                                      data_seed=111, **_ONE_LIVE_ROW)),
+    "d_rw_cancels": ("silu_mul_weight_backward", _p(1, tail=1, n=432, data_seed=4145, **_ONE_LIVE_ROW)),
 }
 
 
