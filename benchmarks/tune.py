@@ -2,10 +2,14 @@
 
 For each shape of shared/BASELINE.md and each GEMM role of the expert path (fused gate/up,
 down), times every candidate config (portable loads and TMA) by CUDA-graph replay on the
-real MoonEP-like layout. Usage: python -m benchmarks.tune [--out tune.json]
+real MoonEP-like layout. ``--schedules`` sweeps the Hopper schedule knobs instead (TMA loads
+with TMA stores, a flattened or warp-specialized persistent loop; ``SCHEDULES``), each
+candidate checked against the committed config's output first.
+Usage: python -m benchmarks.tune [--out tune.json] [--schedules] [--paddings 128]
 """
 
 import argparse
+import dataclasses
 import itertools
 import json
 
@@ -27,15 +31,38 @@ PLAIN = [GemmConfig(*c) for c in [
 ]]
 
 
+
+def _variants(base, *knobs):
+    return [dataclasses.replace(GemmConfig(*base[:5], *base[5:]), **k) for k in knobs]
+
+
+_PLAIN_K, _TS1, _TS2 = {}, {"tma_store": 1}, {"tma_store": 2}
+_FL, _FL2 = {"flatten": True}, {"flatten": True, "tma_store": 2}
+_WS, _WS2 = {"warp_specialize": True}, {"warp_specialize": True, "tma_store": 2}
+# role -> candidates (all TMA-loaded); the first is the committed config of the old schedule.
+SCHEDULES = {
+    "fused": (_variants((128, 128, 64, 8, 4), _PLAIN_K, _TS1, _TS2, _FL, _FL2, _WS, _WS2)
+              + _variants((128, 128, 64, 8, 3), _TS1, _FL, _FL2, _WS, _WS2)
+              + _variants((128, 64, 64, 8, 4, 2), _PLAIN_K, _TS1)),
+    "down": (_variants((128, 256, 64, 8, 4), _PLAIN_K, _TS2, _FL, _FL2, _WS, _WS2)
+             + _variants((128, 256, 64, 8, 3), _TS1, _TS2, _FL2, _WS2)
+             + _variants((128, 128, 64, 8, 3, 2), _PLAIN_K, _TS1)
+             + _variants((128, 128, 128, 8, 3), _PLAIN_K, _FL2)),
+}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--paddings", default="128,1")
     parser.add_argument("--tma-only", action="store_true")
+    parser.add_argument("--schedules", action="store_true", help="sweep SCHEDULES (TMA only)")
+    parser.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES")
     args = parser.parse_args(argv)
+    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     results = []
-    for padding, shape in itertools.product([int(p) for p in args.paddings.split(",")], SHAPES):
+    for padding, shape in itertools.product([int(p) for p in args.paddings.split(",")], shapes):
         x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
         act = torch.randn(x.shape[0], shape.inter, device="cuda", dtype=torch.bfloat16)
         out_i = torch.empty(x.shape[0], shape.inter, device="cuda", dtype=torch.bfloat16)
@@ -44,10 +71,27 @@ def main(argv=None):
             "fused": (FUSED, lambda cfg, tma: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, out_i, cfg, tma)),
             "down": (PLAIN, lambda cfg, tma: launch_grouped_gemm(act, wd, cu, out_h, cfg, tma)),
         }
+        outs = {"fused": out_i, "down": out_h}
         for role, (cands, fn) in roles.items():
             timings = []
-            for cfg, tma in itertools.product(cands, (True,) if args.tma_only else (False, True)):
+            if args.schedules:
+                cands, tmas = SCHEDULES[role], (True,)
                 try:
+                    fn(cands[0], True)
+                except Exception as exc:
+                    print(f"  {role} committed schedule failed: {type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+                ref = outs[role].clone()
+            else:
+                tmas = (True,) if args.tma_only else (False, True)
+            for cfg, tma in itertools.product(cands, tmas):
+                try:
+                    if args.schedules:  # a schedule that changes the result cannot win
+                        outs[role].fill_(float("nan"))
+                        fn(cfg, tma)
+                        if not torch.equal(outs[role], ref):
+                            raise RuntimeError(f"output differs from the committed schedule's "
+                                               f"(max diff {(outs[role].float() - ref.float()).abs().max():.3g})")
                     us = _median_graph_ms(lambda: fn(cfg, tma), args.reps) * 1e3
                 except Exception as exc:  # e.g. out of shared memory: not a candidate
                     us = float("inf")
@@ -55,6 +99,9 @@ def main(argv=None):
                 timings.append({"cfg": list(cfg.__dict__.values()), "tma": tma, "us": us})
             timings.sort(key=lambda r: r["us"])
             best = timings[0]
+            if args.schedules:
+                for r in timings:
+                    print(f"  {role:<5} {r['us']:8.1f}us {r['cfg']}")
             print(f"{shape.name:<28} pad={padding:<3} {role:<5} best {best['us']:7.0f}us {best['cfg']} "
                   f"tma={best['tma']} | 2nd {timings[1]['us']:7.0f}us {timings[1]['cfg']} tma={timings[1]['tma']}",
                   flush=True)

@@ -13,6 +13,7 @@ Roles (bf16; G, I, H from the shape; rows from the layout):
   dual_dgrad   d x   [NvS, H] = d_gate @ w_gate[g] + d_up @ w_up[g]  (recompute training)
   wgrad_gate   d w_gate [G, I, H] = d_gate[seg]^T @ x[seg]      (and w_up alike)
   wgrad_down   d w_down [G, H, I] = grad_out[seg]^T @ act[seg]
+  wgrad_*_tma  the same with the whole row steps TMA-loaded (not yet the default)
 
     python -m benchmarks.tune_backward [--out tune_backward.json] [--reps 10] [--roles a,b]
 """
@@ -76,10 +77,10 @@ def roles_for(shape, x, wg, wu, wd, cu, sizes):
         return (DGRAD, cfg, lambda c: launch_grouped_gemm(grad, w.transpose(1, 2), cu, out, c, tma),
                 lambda: torch._grouped_mm(grad, w, offs=cu), out, dict(live_rows=live))
 
-    def wgrad(grad, a):  # grad[seg]^T @ a[seg] -> [G, N, K]
+    def wgrad(grad, a, tma=False):  # grad[seg]^T @ a[seg] -> [G, N, K]
         out = torch.empty(cu.shape[0], grad.shape[1], a.shape[1], **like)
         cfg = configs_backward.wgrad_config(grad.shape[1], a.shape[1], nvs, x.dtype, cap)
-        return (WGRAD, cfg, lambda c: launch_grouped_gemm_wgrad(grad, a, cu, out, c),
+        return (WGRAD, cfg, lambda c: launch_grouped_gemm_wgrad(grad, a, cu, out, c, tma),
                 lambda: torch._grouped_mm(grad.t(), a, offs=cu), out, dict(groups=full))
 
     out_h = torch.empty(nvs, h, **like)
@@ -94,6 +95,8 @@ def roles_for(shape, x, wg, wu, wd, cu, sizes):
                        out_h, dict(live_rows=live)),
         "wgrad_gate": wgrad(d_gate, x),
         "wgrad_down": wgrad(grad_out, act),
+        "wgrad_gate_tma": wgrad(d_gate, x, tma=True),
+        "wgrad_down_tma": wgrad(grad_out, act, tma=True),
     }
 
 
@@ -102,7 +105,7 @@ def main(argv=None):
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--roles", default="dgrad_down,dgrad_gate,dgrad_down_tma,dgrad_gate_tma,dual_dgrad,"
-                                           "wgrad_gate,wgrad_down")
+                                           "wgrad_gate,wgrad_down,wgrad_gate_tma,wgrad_down_tma")
     args = parser.parse_args(argv)
     wanted = args.roles.split(",")
     results = []

@@ -9,6 +9,7 @@
 #   sanitize: compute-sanitizer memcheck + racecheck (scripts/sanitize.sh)
 #   bench:    benchmarks (expert path, training) with JSON and chart
 #   tune:     the backward kernels' config sweep (benchmarks.tune_backward; only when named, not in all)
+#   schedules: the forward kernel's Hopper schedule sweep (benchmarks.tune --schedules; only when named)
 #   all:      every step (longer than one 10-minute device command: split it across calls)
 # Steps run in the order tests, portable, sanitize, bench, fuzz (the open-ended one last).
 # Results land in $OUT (or ./gpu_out): junit XML, logs, benchmark JSON and PNG, summary.txt.
@@ -73,8 +74,15 @@ if want bench; then
     [ "$rc" -eq 0 ] || status=1
   fi
 fi
+if [[ "$steps" == *" schedules "* ]]; then
+  timeout ${SCHEDULES_TIMEOUT:-330} python3 -m benchmarks.tune --schedules --paddings ${PADDINGS:-128} \
+    --out "$OUT/tune_schedules.json" 2>&1 | tee "$OUT/tune_schedules.log" | grep -v "^  " | tail -n 24
+  rc=${PIPESTATUS[0]}
+  echo "tune --schedules rc=$rc" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || status=1
+fi
 if [[ "$steps" == *" tune "* ]]; then
-  python3 -m benchmarks.tune_backward --out "$OUT/tune_backward.json" 2>&1 | tee "$OUT/tune_backward.log" | tail -n 24
+  timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.tune_backward --out "$OUT/tune_backward.json" 2>&1 | tee "$OUT/tune_backward.log" | tail -n 24
   rc=${PIPESTATUS[0]}
   echo "tune_backward rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1

@@ -131,3 +131,34 @@ def test_cuda_impls_accept_strided_cu_seqlens_and_route_weights():
         want = want if isinstance(want, tuple) else (want,)
         for o, r in zip(got, want):
             assert torch.allclose(o, r), name
+
+
+# The Hopper schedule knobs (TMA loads and stores, flattened or warp-specialized persistent
+# loop): the interpreter ignores the scheduling hints but runs the same indexing, including the
+# split between TMA-stored full tiles and masked partial ones. fp16: TMA needs 16-byte rows.
+SCHEDULES = [
+    configs.GemmConfig(16, 16, 16, 1, 1, flatten=True, tma_store=1),
+    configs.GemmConfig(16, 32, 16, 1, 1, warp_specialize=True, tma_store=2),
+    configs.GemmConfig(16, 16, 16, 1, 1, flatten=True),
+]
+SCHEDULE_LAYOUTS = [lay for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "tail_rows", "moonep_padded", "one_segment")]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("cfg", SCHEDULES, ids=["flatten_tma_store", "ws_tma_store_halves", "flatten"])
+@pytest.mark.parametrize("layout", SCHEDULE_LAYOUTS, ids=[lay.name for lay in SCHEDULE_LAYOUTS])
+def test_schedules_interpreted(interpreted, layout, cfg, fused):
+    gemm = interpreted[0]
+    dtype = torch.float16
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, dtype, with_weights=True)
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype)
+    assert gemm.tma_usable(x, w_gate, w_up) and gemm.tma_store_usable(out)
+    if fused:
+        gemm.launch_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu, out, cfg, use_tma=True)
+        ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
+    else:
+        gemm.launch_grouped_gemm(x, w_gate, cu, out, cfg, use_tma=True)
+        ref = grouped_gemm_ref(x, w_gate, cu)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) <= TOLERANCE[dtype]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))

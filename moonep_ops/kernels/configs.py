@@ -18,6 +18,10 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     programs_per_sm: int = 1  # persistent grid size = SMs * programs_per_sm
+    # Hopper schedule knobs of the persistent forward kernel (ignored elsewhere):
+    flatten: bool = False  # software-pipeline across tiles (next tile's loads under this epilogue)
+    warp_specialize: bool = False  # producer/consumer warps (Triton's automatic warp specialization)
+    tma_store: int = 0  # full tiles stored by TMA in this many column pieces (0: masked stores only)
 
 
 @dataclasses.dataclass(frozen=True)

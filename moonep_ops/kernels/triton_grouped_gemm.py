@@ -77,16 +77,33 @@ def zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, j, cols, col_mask, stride_om, s
 
 
 @triton.jit
+def store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on):
+    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :].to(tl.int64) * stride_on
+    tl.store(o_ptrs, res, mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M: tl.constexpr):
+    """Segment of real row tile ``t`` from the in-register schedule: (g, first row, segment end)."""
+    hit = (g_excl <= t) & (t < g_incl)
+    g = tl.sum(tl.where(hit, offs_g, 0), 0)
+    row_lo = tl.sum(tl.where(hit, g_starts + (t - g_excl) * BLOCK_M, 0), 0)
+    seg_end = tl.sum(tl.where(hit, g_ends, 0), 0)
+    return g, row_lo, seg_end
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, u_ptr, rw_ptr, out_ptr, cu_ptr,
-    a_desc, w_desc, u_desc,
+    a_desc, w_desc, u_desc, o_desc,
     G, NUM_ROWS, N, K,
     stride_am, stride_ak, stride_wg, stride_wn, stride_wk, stride_ug, stride_un, stride_uk,
     stride_om, stride_on,
     FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr, PRECISION: tl.constexpr,
-    W_KN: tl.constexpr = False,
+    W_KN: tl.constexpr = False, FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
+    TMA_STORE: tl.constexpr = 0,
 ):
     # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
     if SMALL_G:
@@ -104,67 +121,100 @@ def _moe_gemm_kernel(
     live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
     tail_tiles = tl.cdiv(NUM_ROWS - live_end, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
-    num_items = (real_tiles + tail_tiles) * n_tiles
+    real_items = real_tiles * n_tiles
+    pid = tl.program_id(0)
+    num_progs = tl.num_programs(0)
 
     offs_k = tl.arange(0, BLOCK_K)
-    for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
+    # Real work items (row tile, column tile), columns fastest. FLATTEN lets the software
+    # pipeliner issue the next item's loads under this item's epilogue; the epilogue then
+    # re-derives its own item from a second counter (``item_c``), so that it does not depend on
+    # values of the loop's prologue.
+    item_c = pid - num_progs
+    for item in tl.range(pid, real_items, num_progs, flatten=FLATTEN, warp_specialize=WARP_SPEC):
         t = item // n_tiles
         pid_n = item % n_tiles
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_mask = cols < N
-        if t < real_tiles:
-            if SMALL_G:
-                hit = (g_excl <= t) & (t < g_incl)
-                g = tl.sum(tl.where(hit, offs_g, 0), 0)
-                row_lo = tl.sum(tl.where(hit, g_starts + (t - g_excl) * BLOCK_M, 0), 0)
-                seg_end = tl.sum(tl.where(hit, g_ends, 0), 0)
-            else:
-                g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, t, BLOCK_M, BLOCK_G)
+        if SMALL_G:
+            g, row_lo, seg_end = _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M)
+        else:
+            g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, t, BLOCK_M, BLOCK_G)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if USE_TMA and W_KN:
+            # w[g] is stored [K, N] (the dgrad's transposed view of [G, N', K'] weights): the
+            # descriptor reads it as one [G*K, N] matrix. K % BLOCK_K == 0 (the plan checks), so a
+            # tile never reaches into the next group's rows.
+            for k0 in range(0, K, BLOCK_K):
+                a = a_desc.load([row_lo, k0])
+                acc = tl.dot(a, w_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
+        elif USE_TMA:
+            w_row = g * N + pid_n * BLOCK_N
+            for k0 in range(0, K, BLOCK_K):
+                a = a_desc.load([row_lo, k0])
+                acc = tl.dot(a, w_desc.load([w_row, k0]).T, acc, input_precision=PRECISION)
+                if FUSED:
+                    acc_up = tl.dot(a, u_desc.load([w_row, k0]).T, acc_up, input_precision=PRECISION)
+        else:
             rows = row_lo + tl.arange(0, BLOCK_M)
             row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            col_mask = cols < N
             g64 = g.to(tl.int64)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if USE_TMA and W_KN:
-                # w[g] is stored [K, N] (the dgrad's transposed view of [G, N', K'] weights): the
-                # descriptor reads it as one [G*K, N] matrix. K % BLOCK_K == 0 (the plan checks), so a
-                # tile never reaches into the next group's rows.
-                for k0 in range(0, K, BLOCK_K):
-                    a = a_desc.load([row_lo, k0])
-                    acc = tl.dot(a, w_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
-            elif USE_TMA:
-                w_row = g * N + pid_n * BLOCK_N
-                for k0 in range(0, K, BLOCK_K):
-                    a = a_desc.load([row_lo, k0])
-                    acc = tl.dot(a, w_desc.load([w_row, k0]).T, acc, input_precision=PRECISION)
-                    if FUSED:
-                        acc_up = tl.dot(a, u_desc.load([w_row, k0]).T, acc_up, input_precision=PRECISION)
+            a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+            w_ptrs = (w_ptr + g64 * stride_wg + cols[None, :].to(tl.int64) * stride_wn
+                      + offs_k[:, None].to(tl.int64) * stride_wk)
+            u_ptrs = (u_ptr + g64 * stride_ug + cols[None, :].to(tl.int64) * stride_un
+                      + offs_k[:, None].to(tl.int64) * stride_uk)
+            for k0 in range(0, K, BLOCK_K):
+                k_mask = (offs_k + k0) < K
+                w_mask = k_mask[:, None] & col_mask[None, :]
+                a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                acc = tl.dot(a, tl.load(w_ptrs, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
+                if FUSED:
+                    acc_up = tl.dot(a, tl.load(u_ptrs, mask=w_mask, other=0.0), acc_up,
+                                    input_precision=PRECISION)
+                    u_ptrs += BLOCK_K * stride_uk
+                a_ptrs += BLOCK_K * stride_ak
+                w_ptrs += BLOCK_K * stride_wk
+        # Epilogue.
+        item_c += num_progs
+        if FLATTEN:
+            t = item_c // n_tiles
+            pid_n = item_c % n_tiles
+            if SMALL_G:
+                g, row_lo, seg_end = _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M)
             else:
-                a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
-                w_ptrs = (w_ptr + g64 * stride_wg + cols[None, :].to(tl.int64) * stride_wn
-                          + offs_k[:, None].to(tl.int64) * stride_wk)
-                u_ptrs = (u_ptr + g64 * stride_ug + cols[None, :].to(tl.int64) * stride_un
-                          + offs_k[:, None].to(tl.int64) * stride_uk)
-                for k0 in range(0, K, BLOCK_K):
-                    k_mask = (offs_k + k0) < K
-                    w_mask = k_mask[:, None] & col_mask[None, :]
-                    a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                    acc = tl.dot(a, tl.load(w_ptrs, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
-                    if FUSED:
-                        acc_up = tl.dot(a, tl.load(u_ptrs, mask=w_mask, other=0.0), acc_up,
-                                        input_precision=PRECISION)
-                        u_ptrs += BLOCK_K * stride_uk
-                    a_ptrs += BLOCK_K * stride_ak
-                    w_ptrs += BLOCK_K * stride_wk
-            if FUSED:
-                acc = acc * tl.sigmoid(acc) * acc_up
-                if HAS_WEIGHTS:
-                    acc = acc * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
-            o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :].to(tl.int64) * stride_on
-            tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+                g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, t, BLOCK_M, BLOCK_G)
+        rows = row_lo + tl.arange(0, BLOCK_M)
+        row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        if FUSED:
+            acc = acc * tl.sigmoid(acc) * acc_up
+            if HAS_WEIGHTS:
+                acc = acc * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        res = acc.to(out_ptr.dtype.element_ty)
+        if TMA_STORE > 0:
+            if (row_lo >= 0) & (row_lo + BLOCK_M <= seg_end):
+                # A tile wholly inside its segment: TMA store (clipped at NvS and N by the descriptor).
+                if TMA_STORE == 2:
+                    halves = tl.split(tl.permute(tl.reshape(res, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+                    o_desc.store([row_lo, pid_n * BLOCK_N], halves[0])
+                    o_desc.store([row_lo, pid_n * BLOCK_N + BLOCK_N // 2], halves[1])
+                else:
+                    o_desc.store([row_lo, pid_n * BLOCK_N], res)
+            else:
+                store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on)
         else:
-            zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, t - real_tiles, cols, col_mask, stride_om, stride_on,
-                           BLOCK_M, BLOCK_N)
+            store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on)
+
+    # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
+    tail_items = tail_tiles * n_tiles
+    first = (pid - real_items % num_progs + num_progs) % num_progs
+    for j in range(first, tail_items, num_progs):
+        cols = (j % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+        zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om, stride_on,
+                       BLOCK_M, BLOCK_N)
 
 
 def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
@@ -211,14 +261,16 @@ class _Plan:
     constexprs: dict
     num_warps: int
     num_stages: int
-    descs: tuple | None  # (shape, strides, block) of a, w, w_up for TMA, else None
+    descs: tuple  # (shape, strides, block) of a, w, w_up, out for TMA, or None each
 
     def args(self, a, w, u, rw, out, cu) -> list:
-        if self.descs is None:
-            descs = (None, None, None)
-        else:
-            descs = tuple(fast_launch.tensor_descriptor(t, *geo) for t, geo in zip((a, w, u), self.descs))
+        descs = [None if geo is None else fast_launch.tensor_descriptor(t, *geo)
+                 for t, geo in zip((a, w, u, out), self.descs)]
         return [a, w, u, rw, out, cu, *descs, *self.ints]
+
+
+def tma_store_usable(out: torch.Tensor) -> bool:
+    return (out.stride(1) == 1 and out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0)
 
 
 def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Plan:
@@ -231,17 +283,20 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Pl
     else:
         programs = 4  # interpreter: a few programs, so the persistent loop is exercised
     u = w if w_up is None else w_up
-    descs = None
+    descs = (None, None, None, None)
     w_kn = use_tma and is_kn_view(w)
     if w_kn:
         if w_up is not None or not tma_usable_kn(a, w, cfg.block_k):
             raise ValueError("TMA on transposed weights needs a plain GEMM, aligned storage and K % BLOCK_K == 0")
         w_geo = ([g * k, n], [w.stride(2), 1], [cfg.block_k, cfg.block_n])
-        descs = (([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k]), w_geo, w_geo)
+        descs = (([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k]), w_geo, w_geo, None)
     elif use_tma:
         descs = (([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k]),
                  ([g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k]),
-                 ([g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k]))
+                 ([g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k]), None)
+    tma_store = cfg.tma_store if use_tma and tma_store_usable(out) else 0
+    if tma_store:
+        descs = descs[:3] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // tma_store]),)
     return _Plan(
         grid=(max(1, min(items_bound, programs)),),
         ints=(g, num_rows, n, k, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
@@ -250,7 +305,8 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Pl
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                         BLOCK_G=max(16, triton.next_power_of_2(g)) if g <= SMALL_G_MAX else BLOCK_G,
                         SMALL_G=g <= SMALL_G_MAX,
-                        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_KN=w_kn),
+                        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_KN=w_kn,
+                        FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs,
     )
 
@@ -259,8 +315,8 @@ def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out):
     """Launch through Triton's JIT (compiling on first use); returns the compiled kernel."""
     u = w if w_up is None else w_up
     args = plan.args(a, w, u, a if route_weights is None else route_weights, out, cu_seqlens)
-    if plan.descs is not None:  # the first launch of a plan builds checked descriptors
-        args[6:9] = [TensorDescriptor(t, *geo) for t, geo in zip((a, w, u), plan.descs)]
+    # The first launch of a plan builds checked descriptors.
+    args[6:10] = [None if geo is None else TensorDescriptor(t, *geo) for t, geo in zip((a, w, u, out), plan.descs)]
     return _moe_gemm_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
                                        num_stages=plan.num_stages)
 

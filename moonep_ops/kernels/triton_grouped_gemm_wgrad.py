@@ -15,16 +15,18 @@ output tile.
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .configs import GemmConfig
 
 
 @triton.jit
 def _grouped_gemm_wgrad_kernel(
-    grad_ptr, a_ptr, out_ptr, cu_ptr,
+    grad_ptr, a_ptr, out_ptr, cu_ptr, g_desc, a_desc,
     G, NUM_ROWS, N, K,
     stride_gm, stride_gn, stride_am, stride_ak, stride_og, stride_on, stride_ok,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -45,7 +47,15 @@ def _grouped_gemm_wgrad_kernel(
     k_mask = cols_k < K
     offs_m = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for m0 in range(seg_start, seg_end, BLOCK_M):
+    m_first = seg_start
+    if USE_TMA:
+        # Whole BLOCK_M steps inside the segment by TMA (columns past N read as zeros); the
+        # partial last step, if any, by the masked loads below (rows past the segment must be 0).
+        m_first = seg_start + (seg_end - seg_start) // BLOCK_M * BLOCK_M
+        for m0 in range(seg_start, m_first, BLOCK_M):
+            g_t = g_desc.load([m0, pid_n * BLOCK_N]).T
+            acc = tl.dot(g_t, a_desc.load([m0, pid_k * BLOCK_K]), acc, input_precision=PRECISION)
+    for m0 in range(m_first, seg_end, BLOCK_M):
         rows = m0 + offs_m
         row_mask = rows < seg_end
         rows64 = rows.to(tl.int64)
@@ -60,21 +70,31 @@ def _grouped_gemm_wgrad_kernel(
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & k_mask[None, :])
 
 
+def tma_usable(*ts: torch.Tensor) -> bool:
+    return all(t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+               for t in ts)
+
+
 def launch_grouped_gemm_wgrad(grad_out: torch.Tensor, a: torch.Tensor, cu_seqlens: torch.Tensor,
-                              out: torch.Tensor, cfg: GemmConfig) -> None:
-    """``out[g] = grad_out[seg_g]^T @ a[seg_g]`` for every ``g``; zeros for empty segments."""
+                              out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False) -> None:
+    """``out[g] = grad_out[seg_g]^T @ a[seg_g]`` for every ``g``; zeros for empty segments.
+    ``use_tma`` (sm90, 16-byte aligned rows) loads the segments' whole row steps by TMA."""
     num_rows, n = grad_out.shape
     k = a.shape[1]
     g = cu_seqlens.shape[0]
     if g == 0 or n == 0 or k == 0:
         return
     grid = (g * triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k),)
+    descs = (None, None)
+    if use_tma:
+        descs = (TensorDescriptor(grad_out, list(grad_out.shape), [grad_out.stride(0), 1], [cfg.block_m, cfg.block_n]),
+                 TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.block_m, cfg.block_k]))
     _grouped_gemm_wgrad_kernel[grid](
-        grad_out, a, out, cu_seqlens,
+        grad_out, a, out, cu_seqlens, *descs,
         g, num_rows, n, k,
         grad_out.stride(0), grad_out.stride(1), a.stride(0), a.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
