@@ -38,11 +38,16 @@ from .shapes import SHAPES, build_problem
 DGRAD = [GemmConfig(*c) for c in [
     (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
     (64, 128, 64, 4, 4), (128, 128, 128, 8, 3),
-]]
+]] + [  # Hopper schedule knobs (TMA roles only: the pointer path drops them)
+    GemmConfig(128, 256, 64, 8, 4, flatten=True), GemmConfig(128, 256, 64, 8, 4, warp_specialize=True),
+    GemmConfig(128, 128, 64, 8, 4, flatten=True), GemmConfig(128, 256, 64, 8, 3, warp_specialize=True),
+]
 # wgrad: block_m is the step over a segment's rows (the reduction), block_n x block_k the tile.
 WGRAD = [GemmConfig(*c) for c in [
     (64, 128, 128, 8, 3), (64, 128, 128, 8, 4), (128, 128, 128, 8, 3), (32, 128, 128, 4, 4),
     (64, 128, 256, 8, 3), (64, 256, 128, 8, 3), (64, 64, 128, 4, 4),
+    (32, 128, 128, 4, 3), (32, 128, 128, 4, 5), (16, 128, 128, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4),
+    (32, 256, 128, 8, 3),
 ]]
 
 

@@ -49,8 +49,16 @@ def gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
         # fp32 operands take twice the shared memory per element; IEEE fp32 dots are slow anyway.
         return GemmConfig(64, 64, 32, 4, 3)
     if capability >= (9, 0):
-        # Best, or within 2% of best, on every BASELINE shape (benchmarks/results/tune_h200.json).
-        return GemmConfig(128, 256, 64, 8, 4)
+        # benchmarks/results/tune_schedules_h200.json (down GEMM of the six BASELINE shapes):
+        # warp specialization wins on long compute-bound problems (kimi-k2 prefill: -12%), the
+        # flattened loop (next tile's loads under this epilogue) on the rest (-2..-7%), BLOCK_K 128
+        # on a long reduction (llama4 down, K = 8192: -4%). Hopper-only knobs: the portable
+        # path drops them (see triton_grouped_gemm._plan).
+        if num_rows >= 32768 and k >= 2048:
+            return GemmConfig(128, 256, 64, 8, 4, warp_specialize=True)
+        if k >= 8192:
+            return GemmConfig(128, 128, 128, 8, 3)
+        return GemmConfig(128, 256, 64, 8, 4, flatten=True)
     return GemmConfig(128, 128, 32, 8, 3)  # sm80/sm86/sm89: ~100-164 KB of shared memory
 
 
@@ -62,9 +70,12 @@ def fused_gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
     if dtype == torch.float32:
         return GemmConfig(64, 32, 32, 4, 3)
     if capability >= (9, 0):
-        # Best on 4 of 6 BASELINE shapes, within 3% on the other two
-        # (benchmarks/results/tune_h200.json).
-        return GemmConfig(128, 128, 64, 8, 4)
+        # benchmarks/results/tune_schedules_h200.json: warp specialization on long compute-bound
+        # problems (kimi-k2 prefill: -8%), TMA stores of whole tiles (in two halves) elsewhere
+        # (-1..-10%; best or within 1% on the other five shapes).
+        if num_rows >= 32768 and k >= 4096:
+            return GemmConfig(128, 128, 64, 8, 3, warp_specialize=True)
+        return GemmConfig(128, 128, 64, 8, 4, tma_store=2)
     return GemmConfig(128, 64, 64, 8, 3)  # 96 KB of shared memory: fits sm86/sm89 too
 
 

@@ -10,7 +10,12 @@ from .. import _checks
 from .. import _checks_backward as _bchecks
 from .._library import lib
 from . import configs, configs_backward
-from .cuda import _dense, _on_device, capability_of
+from .cuda import _dense, _on_device, capability_of, portable_only
+
+
+def _tma(capability, dtype) -> bool:
+    """Hopper TMA loads for the backward GEMMs (bf16/fp16; ``MOONEP_OPS_PORTABLE=1`` turns them off)."""
+    return capability is not None and capability >= (9, 0) and dtype != torch.float32 and not portable_only()
 
 
 def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
@@ -20,10 +25,13 @@ def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
 
 def _choose_dgrad(grad_out, w_t, _):
     """Plan chooser for the forward kernel's launch cache (module level: it is part of the key).
-    ``w_t`` is the transposed view, never TMA-loadable: portable path."""
-    cfg = configs_backward.dgrad_config(w_t.shape[1], w_t.shape[2], grad_out.shape[0], grad_out.dtype,
-                                        capability_of(grad_out))
-    return cfg, False
+    ``w_t`` is the transposed view ``[G, K, N]`` of the weights: on sm90 TMA reads their storage
+    as ``[G*N, K]`` rows (``W_KN``) when the reduction is a multiple of ``BLOCK_K``."""
+    from .triton_grouped_gemm import tma_usable_kn
+
+    cap = capability_of(grad_out)
+    cfg = configs_backward.dgrad_config(w_t.shape[1], w_t.shape[2], grad_out.shape[0], grad_out.dtype, cap)
+    return cfg, _tma(cap, grad_out.dtype) and tma_usable_kn(grad_out, w_t, cfg.block_k)
 
 
 def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
@@ -34,7 +42,8 @@ def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
     out = torch.empty((grad_out.shape[0], w.shape[2]), dtype=grad_out.dtype, device=grad_out.device)
     # The forward kernel against the transposed view w[g]^T ([G, K, N], any strides): no copy.
     with _on_device(grad_out):
-        run_moe_gemm(grad_out, w.transpose(1, 2), None, None, _dense(cu_seqlens), out, _choose_dgrad, None)
+        run_moe_gemm(grad_out, w.transpose(1, 2), None, None, _dense(cu_seqlens), out, _choose_dgrad,
+                     portable_only())
     return out
 
 
@@ -54,15 +63,17 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
 
 
 def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
-    from .triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
+    from .triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad, tma_usable
 
     _bchecks.check_grouped_gemm_wgrad("grouped_gemm_wgrad", grad_out, a, cu_seqlens)
     _debug_checks("grouped_gemm_wgrad", cu_seqlens, a.shape[0])
     n, k = grad_out.shape[1], a.shape[1]
     out = torch.empty((cu_seqlens.shape[0], n, k), dtype=a.dtype, device=a.device)
-    cfg = configs_backward.wgrad_config(n, k, a.shape[0], a.dtype, capability_of(a))
+    cap = capability_of(a)
+    cfg = configs_backward.wgrad_config(n, k, a.shape[0], a.dtype, cap)
     with _on_device(a):
-        launch_grouped_gemm_wgrad(grad_out, a, _dense(cu_seqlens), out, cfg)
+        launch_grouped_gemm_wgrad(grad_out, a, _dense(cu_seqlens), out, cfg,
+                                  use_tma=_tma(cap, a.dtype) and tma_usable(grad_out, a))
     return out
 
 

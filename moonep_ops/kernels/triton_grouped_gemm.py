@@ -274,6 +274,11 @@ def tma_store_usable(out: torch.Tensor) -> bool:
 
 
 def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Plan:
+    if not use_tma:  # the schedule knobs are measured (and meant) for the Hopper TMA path only
+        cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0)
+    if cfg.flatten and cfg.tma_store:
+        # Triton 3.6 fails to compile a flattened loop around the full/partial store branch.
+        raise ValueError("GemmConfig: flatten and tma_store cannot be combined")
     num_rows, k = a.shape
     g, n, _ = w.shape
     items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
