@@ -82,7 +82,7 @@ if [[ "$steps" == *" schedules "* ]]; then
   [ "$rc" -eq 0 ] || status=1
 fi
 if [[ "$steps" == *" tune "* ]]; then
-  timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.tune_backward --out "$OUT/tune_backward.json" 2>&1 | tee "$OUT/tune_backward.log" | tail -n 24
+  timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.tune_backward ${TUNE_ROLES:+--roles $TUNE_ROLES} --out "$OUT/tune_backward.json" 2>&1 | tee "$OUT/tune_backward.log" | tail -n 24
   rc=${PIPESTATUS[0]}
   echo "tune_backward rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
