@@ -146,25 +146,6 @@ def test_wgrad_tma(layout):
     assert torch.count_nonzero(out[empty]) == 0, "empty groups must get exactly zero"
 
 
-@pytest.mark.parametrize("spread", [2, 3, 16])
-@pytest.mark.parametrize("layout", [lay for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "g1", "g300_sparse")],
-                         ids=str)
-def test_wgrad_group_spread(layout, spread):
-    """Super-group program order: every (group, tile) exactly once, also when the super-groups
-    do not divide G (programs past G do nothing) and when G < spread."""
-    import dataclasses
-
-    from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
-
-    grad, a = _rows(layout, layout.n, torch.float32), _rows(layout, layout.k, torch.float32)
-    cu = layout.cu_seqlens()
-    out = _poisoned(layout.num_groups, layout.n, layout.k, dtype=torch.float32)
-    launch_grouped_gemm_wgrad(grad, a, cu, out, dataclasses.replace(GEMM, group_spread=spread))
-    _assert_close(out, cpu_backward.grouped_gemm_wgrad(*_f64(grad, a), cu), torch.float32)
-    empty = [g for g, s in enumerate(layout.sizes) if s == 0]
-    assert torch.count_nonzero(out[empty]) == 0, "empty groups must get exactly zero"
-
-
 def test_wgrad_strided_inputs():
     """Column-major grad_out and a go through the stride arguments."""
     from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad

@@ -22,9 +22,6 @@ class GemmConfig:
     flatten: bool = False  # software-pipeline across tiles (next tile's loads under this epilogue)
     warp_specialize: bool = False  # producer/consumer warps (Triton's automatic warp specialization)
     tma_store: int = 0  # full tiles stored by TMA in this many column pieces (0: masked stores only)
-    # Weight-gradient kernel only: programs visit groups in super-groups of this many groups spread
-    # over G (1: group after group), so idle groups' zero stores run beside busy groups' GEMMs.
-    group_spread: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

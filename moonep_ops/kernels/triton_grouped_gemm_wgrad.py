@@ -3,14 +3,7 @@
 Output ``[G, N, K]``. Grid: one program per ``(g, N tile, K tile)``, from static shapes
 (``G = cu_seqlens.shape[0]``). Each program reads its segment's bounds from ``cu_seqlens`` on
 the device and loops over the segment's rows in ``BLOCK_M`` steps, accumulating in fp32; an
-empty segment runs no iteration and stores zeros.
-
-Order. MoonEP's busy groups are one contiguous block of G (a rank's experts) among idle ones
-whose gradients are zeros to store: group after group, the GPU would first only store, then
-only compute. With ``SPREAD = S > 1`` the programs walk super-groups of ``S`` groups taken
-``cdiv(G, S)`` apart (members ``sg, sg + G/S, ...``), and inside one ``(N tile, member, K tile)``
-with K tiles fastest: resident programs then mix the groups of a super-group (stores beside
-GEMMs) while the tiles of one ``(group, N tile)`` stay neighbours (their rows stay in L2). Rows outside every segment (the tail
+empty segment runs no iteration and stores zeros. Rows outside every segment (the tail
 ``[cu[-1], NvS)``) are never loaded, so NaN there cannot leak in. Segment bounds are clamped
 to ``[0, NvS]`` (invalid ``cu_seqlens`` give unspecified values, never an out-of-bounds
 access); addresses are int64. Nothing syncs the host.
@@ -28,11 +21,22 @@ from .configs import GemmConfig
 
 
 @triton.jit
-def _wgrad_tile(grad_ptr, a_ptr, out_ptr, cu_ptr, g_desc, a_desc, g, pid_n, pid_k, NUM_ROWS, N, K,
-                stride_gm, stride_gn, stride_am, stride_ak, stride_og, stride_on, stride_ok,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                USE_TMA: tl.constexpr):
-    """Output tile ``(pid_n, pid_k)`` of group ``g``."""
+def _grouped_gemm_wgrad_kernel(
+    grad_ptr, a_ptr, out_ptr, cu_ptr, g_desc, a_desc,
+    G, NUM_ROWS, N, K,
+    stride_gm, stride_gn, stride_am, stride_ak, stride_og, stride_on, stride_ok,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
+):
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # Tiles of one group are neighbours: they read the same segment rows (L2 reuse).
+    g = pid // (n_tiles * k_tiles)
+    tile = pid % (n_tiles * k_tiles)
+    pid_n = tile // k_tiles
+    pid_k = tile % k_tiles
+
     seg_end = tl.minimum(tl.maximum(tl.load(cu_ptr + g), 0), NUM_ROWS)
     seg_start = tl.load(cu_ptr + g - 1, mask=g > 0, other=0)
     seg_start = tl.minimum(tl.maximum(seg_start, 0), seg_end)
@@ -66,35 +70,6 @@ def _wgrad_tile(grad_ptr, a_ptr, out_ptr, cu_ptr, g_desc, a_desc, g, pid_n, pid_
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & k_mask[None, :])
 
 
-@triton.jit
-def _grouped_gemm_wgrad_kernel(
-    grad_ptr, a_ptr, out_ptr, cu_ptr, g_desc, a_desc,
-    G, NUM_ROWS, N, K,
-    stride_gm, stride_gn, stride_am, stride_ak, stride_og, stride_on, stride_ok,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr = False, SPREAD: tl.constexpr = 1,
-):
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    if SPREAD > 1:
-        per_sg = SPREAD * n_tiles * k_tiles
-        r = pid % per_sg
-        pid_n = r // (SPREAD * k_tiles)
-        pid_k = r % k_tiles
-        g = (r // k_tiles) % SPREAD * tl.cdiv(G, SPREAD) + pid // per_sg  # past G: no work
-    else:
-        # Tiles of one group are neighbours: they read the same segment rows (L2 reuse).
-        g = pid // (n_tiles * k_tiles)
-        tile = pid % (n_tiles * k_tiles)
-        pid_n = tile // k_tiles
-        pid_k = tile % k_tiles
-    if g < G:
-        _wgrad_tile(grad_ptr, a_ptr, out_ptr, cu_ptr, g_desc, a_desc, g, pid_n, pid_k, NUM_ROWS, N, K,
-                    stride_gm, stride_gn, stride_am, stride_ak, stride_og, stride_on, stride_ok,
-                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, USE_TMA)
-
-
 def tma_usable(*ts: torch.Tensor) -> bool:
     return all(t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
                for t in ts)
@@ -109,8 +84,7 @@ def launch_grouped_gemm_wgrad(grad_out: torch.Tensor, a: torch.Tensor, cu_seqlen
     g = cu_seqlens.shape[0]
     if g == 0 or n == 0 or k == 0:
         return
-    spread = min(cfg.group_spread, g)
-    grid = (triton.cdiv(g, spread) * spread * triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k),)
+    grid = (g * triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k),)
     descs = (None, None)
     if use_tma:
         descs = (TensorDescriptor(grad_out, list(grad_out.shape), [grad_out.stride(0), 1], [cfg.block_m, cfg.block_n]),
@@ -121,6 +95,6 @@ def launch_grouped_gemm_wgrad(grad_out: torch.Tensor, a: torch.Tensor, cu_seqlen
         grad_out.stride(0), grad_out.stride(1), a.stride(0), a.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", USE_TMA=use_tma, SPREAD=spread,
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", USE_TMA=use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
