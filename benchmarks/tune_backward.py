@@ -10,7 +10,7 @@ Roles (bf16; G, I, H from the shape; rows from the layout):
   dgrad_down   d act [NvS, I] = grad_out @ w_down[g]            (forward kernel, transposed view)
   dgrad_gate   d x   [NvS, H] = d_gate @ w_gate[g]              (saved-gate/up training, twice)
   *_tma        the same two with TMA loads of the transposed weights (W_KN; not yet the default)
-  dual_dgrad   d x   [NvS, H] = d_gate @ w_gate[g] + d_up @ w_up[g]  (recompute training)
+  dual_dgrad   d x   [NvS, H] = d_gate @ w_gate[g] + d_up @ w_up[g]  (both training paths; TMA on sm90)
   wgrad_gate   d w_gate [G, I, H] = d_gate[seg]^T @ x[seg]      (and w_up alike)
   wgrad_down   d w_down [G, H, I] = grad_out[seg]^T @ act[seg]
   wgrad_*_tma  the same with the whole row steps TMA-loaded (not yet the default)
@@ -27,8 +27,7 @@ import torch
 from moonep_ops.kernels import configs_backward
 from moonep_ops.kernels.configs import GemmConfig
 from moonep_ops.kernels.cuda import capability_of
-from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm
-from moonep_ops.kernels.triton_grouped_gemm_dual_dgrad import launch_grouped_gemm_dual_dgrad
+from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_dual
 from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
 
 from .run import _median_graph_ms, environment
@@ -92,8 +91,9 @@ def roles_for(shape, x, wg, wu, wd, cu, sizes):
         "dgrad_gate": dgrad(d_gate, wg),
         "dgrad_down_tma": dgrad(grad_out, wd, tma=True),
         "dgrad_gate_tma": dgrad(d_gate, wg, tma=True),
-        "dual_dgrad": (DGRAD, configs_backward.dgrad_config(h, 2 * i, nvs, x.dtype, cap),
-                       lambda c: launch_grouped_gemm_dual_dgrad(d_gate, d_up, wg, wu, cu, out_h, c),
+        "dual_dgrad": (DGRAD, configs_backward.dgrad_config(h, i, nvs, x.dtype, cap),
+                       lambda c: launch_grouped_gemm_dual(d_gate, wg.transpose(1, 2), d_up, wu.transpose(1, 2), cu,
+                                                          out_h, c, cap is not None and cap >= (9, 0)),
                        lambda: torch._grouped_mm(d_gate, wg, offs=cu) + torch._grouped_mm(d_up, wu, offs=cu),
                        out_h, dict(live_rows=live)),
         "wgrad_gate": wgrad(d_gate, x),

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from . import _checks
+from . import _checks, autograd
 from ._library import op
 
 # Resolved once: attribute lookups on torch.ops cost host time on every call.
@@ -74,7 +74,8 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
 
     Without autograd (inference) gate/up and the activation are one fused GEMM. When a gradient
     is needed, ``recompute=False`` (default) runs gate and up as two grouped GEMMs whose
-    outputs (in x's dtype) autograd saves (as torchtitan-style training does; 2 x ``[NvS, I]``);
+    outputs (in x's dtype) autograd saves (as torchtitan-style training does; 2 x ``[NvS, I]``),
+    with one dual dgrad for ``dx`` in the backward;
     ``recompute=True`` keeps the fused forward and recomputes gate/up in the backward (no
     saved activations, slower today: 0.80x vs 0.99x of ``torch._grouped_mm`` on the H200,
     ``benchmarks/results/train_h200.json``).
@@ -85,8 +86,8 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
         if not torch.compiler.is_compiling():
             _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights,
                                                 cu_seqlens)
-        act = _silu_mul_weight(_grouped_gemm(x, w_gate, cu_seqlens), _grouped_gemm(x, w_up, cu_seqlens),
-                               route_weights, cu_seqlens)
+        gate, up = autograd.gate_up_projections(x, w_gate, w_up, cu_seqlens)
+        act = _silu_mul_weight(gate, up, route_weights, cu_seqlens)
     else:
         act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
     # The down GEMM would report w_down as its generic "w"; name it here (metadata only).

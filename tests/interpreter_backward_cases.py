@@ -101,15 +101,43 @@ def test_dgrad_through_the_forward_launcher(layout, dtype):
 
 @pytest.mark.parametrize("layout,dtype", CASES)
 def test_dual_dgrad(layout, dtype):
-    from moonep_ops.kernels.triton_grouped_gemm_dual_dgrad import launch_grouped_gemm_dual_dgrad
+    """The forward kernel's DUAL mode over the transposed weight views (pointer loads)."""
+    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm_dual
 
     g_gate, g_up = _rows(layout, layout.n, dtype), _rows(layout, layout.n, dtype)
     w_gate, w_up = _weights(layout, layout.n, layout.k, dtype), _weights(layout, layout.n, layout.k, dtype)
     cu = layout.cu_seqlens()
     out = _poisoned(layout.nvs, layout.k, dtype=dtype)
-    launch_grouped_gemm_dual_dgrad(g_gate, g_up, w_gate, w_up, cu, out, GEMM)
+    launch_grouped_gemm_dual(g_gate, w_gate.transpose(1, 2), g_up, w_up.transpose(1, 2), cu, out, GEMM)
     ref = cpu_backward.grouped_gemm_dual_dgrad(*_f64(g_gate, g_up, w_gate, w_up), cu)
     _assert_close(out, ref, dtype, layout)
+
+
+@pytest.mark.parametrize("layout", KN_LAYOUTS, ids=[lay.name for lay in KN_LAYOUTS])
+def test_dual_dgrad_tma_on_transposed_weights(layout):
+    """DUAL with TMA loads of both gradients and both transposed weight views (W_KN)."""
+    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm_dual
+
+    dtype = torch.float16
+    g_gate, g_up = _rows(layout, layout.n, dtype), _rows(layout, layout.n, dtype)
+    w_gate, w_up = _weights(layout, layout.n, layout.k, dtype), _weights(layout, layout.n, layout.k, dtype)
+    cu = layout.cu_seqlens()
+    out = _poisoned(layout.nvs, layout.k, dtype=dtype)
+    launch_grouped_gemm_dual(g_gate, w_gate.transpose(1, 2), g_up, w_up.transpose(1, 2), cu, out, GEMM, use_tma=True)
+    ref = cpu_backward.grouped_gemm_dual_dgrad(*_f64(g_gate, g_up, w_gate, w_up), cu)
+    _assert_close(out, ref, dtype, layout)
+
+
+def test_dual_refuses_mismatched_strides():
+    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm_dual
+
+    layout = INTERP_LAYOUTS[0]
+    g_gate = _rows(layout, layout.n, torch.float32)
+    g_up = _rows(layout, layout.n, torch.float32).t().contiguous().t()
+    w = _weights(layout, layout.n, layout.k, torch.float32)
+    with pytest.raises(ValueError, match="a2 needs a's shape and strides"):
+        launch_grouped_gemm_dual(g_gate, w.transpose(1, 2), g_up, w.transpose(1, 2), layout.cu_seqlens(),
+                                 _poisoned(layout.nvs, layout.k, dtype=torch.float32), GEMM)
 
 
 @pytest.mark.parametrize("layout,dtype", CASES)

@@ -257,7 +257,8 @@ def test_grads_vs_float64_reference(case, layout, dtype, device):
 
 # Backward ops that moonep_experts' two training paths run for dx alone (no wgrad: frozen weights).
 DX_ONLY_BACKWARD = {
-    False: {"moonep::grouped_gemm_dgrad", "moonep::silu_mul_weight_backward"},  # saved gate/up
+    False: {"moonep::grouped_gemm_dgrad", "moonep::silu_mul_weight_backward",
+            "moonep::grouped_gemm_dual_dgrad"},  # saved gate/up
     True: {"moonep::grouped_gemm_dgrad", "moonep::grouped_gemm_silu_mul_backward",
            "moonep::grouped_gemm_dual_dgrad"},  # recomputed gate/up
 }
@@ -431,7 +432,7 @@ def _recording_backend(graphs):
 
 # The backward ops each training path of moonep_experts must show in its compiled backward graph.
 BACKWARD_GRAPH_OPS = {
-    False: ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "silu_mul_weight_backward"),
+    False: ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "silu_mul_weight_backward", "grouped_gemm_dual_dgrad"),
     True: ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_gemm_silu_mul_backward", "grouped_gemm_dual_dgrad"),
 }
 

@@ -40,12 +40,12 @@ def _use_tma(capability, a, *weights) -> bool:
             and not portable_only() and tma_usable(a, *weights))
 
 
-def _choose_plain(a, w, _):
+def _choose_plain(a, w, _, _a2=None):
     cap = capability_of(a)
     return configs.gemm_config(w.shape[1], a.shape[1], a.shape[0], a.dtype, cap), _use_tma(cap, a, w)
 
 
-def _choose_fused(x, w_gate, w_up):
+def _choose_fused(x, w_gate, w_up, _a2=None):
     cap = capability_of(x)
     return (configs.fused_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], x.dtype, cap),
             _use_tma(cap, x, w_gate, w_up))

@@ -23,7 +23,7 @@ def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
         _checks.check_cu_seqlens_values(op_name, cu_seqlens, num_rows)
 
 
-def _choose_dgrad(grad_out, w_t, _):
+def _choose_dgrad(grad_out, w_t, _, _a2=None):
     """Plan chooser for the forward kernel's launch cache (module level: it is part of the key).
     ``w_t`` is the transposed view ``[G, K, N]`` of the weights: on sm90 TMA reads their storage
     as ``[G*N, K]`` rows (``W_KN``) when the reduction is a multiple of ``BLOCK_K``."""
@@ -47,18 +47,34 @@ def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
     return out
 
 
+def _choose_dual_dgrad(grad_gate, wg_t, wu_t, grad_up):
+    """Both transposed views on TMA (``W_KN``) when both pairs qualify."""
+    from .triton_grouped_gemm import tma_usable_kn
+
+    cap = capability_of(grad_gate)
+    cfg = configs_backward.dgrad_config(wg_t.shape[1], wg_t.shape[2], grad_gate.shape[0], grad_gate.dtype, cap)
+    return cfg, (_tma(cap, grad_gate.dtype) and tma_usable_kn(grad_gate, wg_t, cfg.block_k)
+                 and tma_usable_kn(grad_up, wu_t, cfg.block_k) and grad_up.data_ptr() % 16 == 0)
+
+
 def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
-    from .triton_grouped_gemm_dual_dgrad import launch_grouped_gemm_dual_dgrad
+    from .triton_grouped_gemm import run_moe_gemm
 
     _bchecks.check_grouped_gemm_dual_dgrad("grouped_gemm_dual_dgrad", grad_gate, grad_up, w_gate, w_up,
                                            cu_seqlens)
     _debug_checks("grouped_gemm_dual_dgrad", cu_seqlens, grad_gate.shape[0])
     num_rows, h = grad_gate.shape[0], w_gate.shape[2]
     out = torch.empty((num_rows, h), dtype=grad_gate.dtype, device=grad_gate.device)
-    cfg = configs_backward.dgrad_config(h, 2 * w_gate.shape[1], num_rows, grad_gate.dtype,
-                                        capability_of(grad_gate))
+    # One persistent pass of the forward kernel (DUAL): both products into one accumulator, over
+    # the transposed weight views; the two gradients and the two weights must share strides.
+    if grad_up.stride() != grad_gate.stride():
+        grad_gate, grad_up = grad_gate.contiguous(), grad_up.contiguous()
+    wg_t, wu_t = w_gate.transpose(1, 2), w_up.transpose(1, 2)
+    if wu_t.stride() != wg_t.stride():
+        wg_t, wu_t = w_gate.contiguous().transpose(1, 2), w_up.contiguous().transpose(1, 2)
     with _on_device(grad_gate):
-        launch_grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, _dense(cu_seqlens), out, cfg)
+        run_moe_gemm(grad_gate, wg_t, wu_t, None, _dense(cu_seqlens), out, _choose_dual_dgrad, portable_only(),
+                     a2=grad_up)
     return out
 
 

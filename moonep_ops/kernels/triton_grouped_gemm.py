@@ -2,6 +2,7 @@
 with an optional fused SwiGLU epilogue.
 
 - ``FUSED=False``: ``out[seg_g] = a[seg_g] @ w[g].T``.
+- ``DUAL=True``: ``out[seg_g] = a[seg_g] @ w[g].T + a2[seg_g] @ w_up[g].T`` (the dual dgrad).
 - ``FUSED=True``: ``out[seg_g] = silu(a[seg_g] @ w[g].T) * (a[seg_g] @ w_up[g].T) * rw[seg_g]``;
   each ``a`` tile is loaded once for both projections and the activation is applied to the
   fp32 accumulators, so gate and up are never rounded or written.
@@ -94,8 +95,8 @@ def _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M: tl.co
 
 @triton.jit
 def _moe_gemm_kernel(
-    a_ptr, w_ptr, u_ptr, rw_ptr, out_ptr, cu_ptr,
-    a_desc, w_desc, u_desc, o_desc,
+    a_ptr, w_ptr, u_ptr, a2_ptr, rw_ptr, out_ptr, cu_ptr,
+    a_desc, w_desc, u_desc, a2_desc, o_desc,
     G, NUM_ROWS, N, K,
     stride_am, stride_ak, stride_wg, stride_wn, stride_wk, stride_ug, stride_un, stride_uk,
     stride_om, stride_on,
@@ -103,7 +104,7 @@ def _moe_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr, PRECISION: tl.constexpr,
     W_KN: tl.constexpr = False, FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
-    TMA_STORE: tl.constexpr = 0,
+    TMA_STORE: tl.constexpr = 0, DUAL: tl.constexpr = False,
 ):
     # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
     if SMALL_G:
@@ -147,6 +148,10 @@ def _moe_gemm_kernel(
             for k0 in range(0, K, BLOCK_K):
                 a = a_desc.load([row_lo, k0])
                 acc = tl.dot(a, w_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
+            if DUAL:  # + a2[seg] @ u[g] into the same accumulator (the dual dgrad)
+                for k0 in range(0, K, BLOCK_K):
+                    a2 = a2_desc.load([row_lo, k0])
+                    acc = tl.dot(a2, u_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
         elif USE_TMA:
             w_row = g * N + pid_n * BLOCK_N
             for k0 in range(0, K, BLOCK_K):
@@ -154,6 +159,10 @@ def _moe_gemm_kernel(
                 acc = tl.dot(a, w_desc.load([w_row, k0]).T, acc, input_precision=PRECISION)
                 if FUSED:
                     acc_up = tl.dot(a, u_desc.load([w_row, k0]).T, acc_up, input_precision=PRECISION)
+            if DUAL:
+                for k0 in range(0, K, BLOCK_K):
+                    a2 = a2_desc.load([row_lo, k0])
+                    acc = tl.dot(a2, u_desc.load([w_row, k0]).T, acc, input_precision=PRECISION)
         else:
             rows = row_lo + tl.arange(0, BLOCK_M)
             row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
@@ -176,6 +185,16 @@ def _moe_gemm_kernel(
                     u_ptrs += BLOCK_K * stride_uk
                 a_ptrs += BLOCK_K * stride_ak
                 w_ptrs += BLOCK_K * stride_wk
+            if DUAL:  # a2 has a's strides (the plan checks)
+                a2_ptrs = (a2_ptr + rows[:, None].to(tl.int64) * stride_am
+                           + offs_k[None, :].to(tl.int64) * stride_ak)
+                for k0 in range(0, K, BLOCK_K):
+                    k_mask = (offs_k + k0) < K
+                    a2 = tl.load(a2_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                    u = tl.load(u_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+                    acc = tl.dot(a2, u, acc, input_precision=PRECISION)
+                    a2_ptrs += BLOCK_K * stride_ak
+                    u_ptrs += BLOCK_K * stride_uk
         # Epilogue.
         item_c += num_progs
         if FLATTEN:
@@ -261,19 +280,21 @@ class _Plan:
     constexprs: dict
     num_warps: int
     num_stages: int
-    descs: tuple  # (shape, strides, block) of a, w, w_up, out for TMA, or None each
+    descs: tuple  # (shape, strides, block) of a, w, w_up, a2, out for TMA, or None each
 
-    def args(self, a, w, u, rw, out, cu) -> list:
+    def args(self, a, w, u, a2, rw, out, cu) -> list:
         descs = [None if geo is None else fast_launch.tensor_descriptor(t, *geo)
-                 for t, geo in zip((a, w, u, out), self.descs)]
-        return [a, w, u, rw, out, cu, *descs, *self.ints]
+                 for t, geo in zip((a, w, u, a2, out), self.descs)]
+        return [a, w, u, a2, rw, out, cu, *descs, *self.ints]
 
 
 def tma_store_usable(out: torch.Tensor) -> bool:
     return (out.stride(1) == 1 and out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0)
 
 
-def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Plan:
+def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None) -> _Plan:
+    """``a2`` given: the dual GEMM ``out = a @ w[g].T + a2 @ w_up[g].T`` (``a2`` with ``a``'s
+    shape and strides); else ``w_up`` given: the fused SwiGLU GEMM."""
     if not use_tma:  # the schedule knobs are measured (and meant) for the Hopper TMA path only
         cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0)
     if cfg.flatten and cfg.tma_store:
@@ -288,80 +309,97 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool) -> _Pl
     else:
         programs = 4  # interpreter: a few programs, so the persistent loop is exercised
     u = w if w_up is None else w_up
-    descs = (None, None, None, None)
+    dual = a2 is not None
+    if dual and (w_up is None or a2.shape != a.shape or a2.stride() != a.stride() or u.shape != w.shape
+                 or u.stride() != w.stride()):
+        raise ValueError("dual GEMM: a2 needs a's shape and strides, w_up w's")
+    a_geo = ([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
+    descs = (None,) * 5
     w_kn = use_tma and is_kn_view(w)
     if w_kn:
-        if w_up is not None or not tma_usable_kn(a, w, cfg.block_k):
-            raise ValueError("TMA on transposed weights needs a plain GEMM, aligned storage and K % BLOCK_K == 0")
+        if (w_up is not None and not dual) or not tma_usable_kn(a, w, cfg.block_k) or (
+                dual and not (tma_usable_kn(a2, u, cfg.block_k) and a2.data_ptr() % 16 == 0)):
+            raise ValueError("TMA on transposed weights needs a plain or dual GEMM, aligned storage "
+                             "and K % BLOCK_K == 0")
         w_geo = ([g * k, n], [w.stride(2), 1], [cfg.block_k, cfg.block_n])
-        descs = (([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k]), w_geo, w_geo, None)
+        descs = (a_geo, w_geo, w_geo, a_geo if dual else None, None)
     elif use_tma:
-        descs = (([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k]),
-                 ([g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k]),
-                 ([g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k]), None)
+        descs = (a_geo, ([g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k]),
+                 ([g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k]), a_geo if dual else None, None)
     tma_store = cfg.tma_store if use_tma and tma_store_usable(out) else 0
     if tma_store:
-        descs = descs[:3] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // tma_store]),)
+        descs = descs[:4] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // tma_store]),)
     return _Plan(
         grid=(max(1, min(items_bound, programs)),),
         ints=(g, num_rows, n, k, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
               u.stride(0), u.stride(1), u.stride(2), out.stride(0), out.stride(1)),
-        constexprs=dict(FUSED=w_up is not None, HAS_WEIGHTS=route_weights is not None, USE_TMA=use_tma,
+        constexprs=dict(FUSED=w_up is not None and not dual, HAS_WEIGHTS=route_weights is not None, USE_TMA=use_tma,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                         BLOCK_G=max(16, triton.next_power_of_2(g)) if g <= SMALL_G_MAX else BLOCK_G,
                         SMALL_G=g <= SMALL_G_MAX,
                         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_KN=w_kn,
-                        FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store),
+                        FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs,
     )
 
 
-def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out):
+def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out, a2=None):
     """Launch through Triton's JIT (compiling on first use); returns the compiled kernel."""
     u = w if w_up is None else w_up
-    args = plan.args(a, w, u, a if route_weights is None else route_weights, out, cu_seqlens)
+    a2 = a if a2 is None else a2
+    args = plan.args(a, w, u, a2, a if route_weights is None else route_weights, out, cu_seqlens)
     # The first launch of a plan builds checked descriptors.
-    args[6:10] = [None if geo is None else TensorDescriptor(t, *geo) for t, geo in zip((a, w, u, out), plan.descs)]
+    args[7:12] = [None if geo is None else TensorDescriptor(t, *geo)
+                  for t, geo in zip((a, w, u, a2, out), plan.descs)]
     return _moe_gemm_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
                                        num_stages=plan.num_stages)
 
 
 def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
-                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False) -> None:
+                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False, a2=None) -> None:
     """Launch with an explicit config (interpreter tests, tuning sweeps)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
-    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma), a, w, w_up, route_weights, cu_seqlens, out)
+    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2), a, w, w_up, route_weights, cu_seqlens, out,
+            a2)
 
 
 _PLANS: dict = {}
 
 
-def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode) -> None:
-    """The CUDA ops' entry. ``choose(a, w, w_up) -> (GemmConfig, use_tma)`` (a module-level
+def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=None) -> None:
+    """The CUDA ops' entry. ``choose(a, w, w_up, a2) -> (GemmConfig, use_tma)`` (a module-level
     function) runs once per static signature and ``mode`` (any hashable, e.g. the portable
     switch); later calls reuse the plan and the compiled kernel (see :mod:`.fast_launch`)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
     u = w if w_up is None else w_up
     rw = a if route_weights is None else route_weights
-    key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), out.stride(), a.dtype, a.device,
-           w_up is None, route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16,
-           rw.data_ptr() % 16, out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode)
+    dual = a2 is not None
+    a2 = a if a2 is None else a2
+    key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), a2.stride(), out.stride(), a.dtype, a.device,
+           w_up is None, dual, route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16,
+           a2.data_ptr() % 16, rw.data_ptr() % 16, out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode)
     entry = _PLANS.get(key)
     if entry is None:
-        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up))
-        kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out)
+        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2 if dual else None), a2 if dual else None)
+        kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a2)
         if fast_launch.ENABLED and hasattr(kernel, "run"):
             _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
         return
     plan, kernel, constexpr_values = entry
-    fast_launch.launch_compiled(kernel, plan.grid, plan.args(a, w, u, rw, out, cu_seqlens) + constexpr_values)
+    fast_launch.launch_compiled(kernel, plan.grid, plan.args(a, w, u, a2, rw, out, cu_seqlens) + constexpr_values)
 
 
 def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
     """``out[seg_g] = a[seg_g] @ w[g].T`` (any strides on the portable path)."""
     launch_moe_gemm(a, w, None, None, cu_seqlens, out, cfg, use_tma)
+
+
+def launch_grouped_gemm_dual(a, w, a2, w2, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
+    """``out[seg_g] = a[seg_g] @ w[g].T + a2[seg_g] @ w2[g].T`` in one accumulator (the dual dgrad
+    passes the transposed views of w_gate and w_up)."""
+    launch_moe_gemm(a, w, w2, None, cu_seqlens, out, cfg, use_tma, a2=a2)
 
 
 def launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg: GemmConfig,
