@@ -18,9 +18,11 @@ def dgrad_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
     if dtype == torch.float32:
         return GemmConfig(64, 64, 32, 4, 3)
     if capability >= (9, 0):
-        # Best or within 4% of best on 14 of the 16 dgrad measurements (TMA and pointer loads),
-        # 10% off on two (kimi-k2 prefill d act: 128x128 tiles; llama4 d x).
-        return GemmConfig(128, 256, 64, 8, 4)
+        # 128x256 tiles, TMA on the transposed weights (W_KN); 3 stages below 32768 rows, 4 above:
+        # within 3% of the best on every single and dual dgrad of the sweeps but one (qwen3 d act:
+        # 7%, a flattened loop wins there) (tune_backward_h200*.json; 3 stages: kimi-k2 S=1024
+        # dual -5%; 4 stages: kimi-k2 prefill dual -16%).
+        return GemmConfig(128, 256, 64, 8, 3 if num_rows < 32768 else 4)
     return GemmConfig(128, 128, 32, 8, 3)
 
 
