@@ -71,7 +71,9 @@ def _grouped_gemm_wgrad_kernel(
 
 
 def tma_usable(*ts: torch.Tensor) -> bool:
-    return all(t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    """16-byte aligned rows with unit inner stride, and at least one row (a descriptor of an
+    empty [0, N] matrix is invalid: NvS = 0 takes the pointer path, which stores the zeros)."""
+    return all(t.shape[0] > 0 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
                for t in ts)
 
 
