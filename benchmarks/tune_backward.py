@@ -91,7 +91,7 @@ def roles_for(shape, x, wg, wu, wd, cu, sizes):
         "dgrad_gate": dgrad(d_gate, wg),
         "dgrad_down_tma": dgrad(grad_out, wd, tma=True),
         "dgrad_gate_tma": dgrad(d_gate, wg, tma=True),
-        "dual_dgrad": (DGRAD, configs_backward.dgrad_config(h, i, nvs, x.dtype, cap),
+        "dual_dgrad": (DGRAD, configs_backward.dgrad_config(h, i, nvs, x.dtype, cap, dual=True),
                        lambda c: launch_grouped_gemm_dual(d_gate, wg.transpose(1, 2), d_up, wu.transpose(1, 2), cu,
                                                           out_h, c, cap is not None and cap >= (9, 0)),
                        lambda: torch._grouped_mm(d_gate, wg, offs=cu) + torch._grouped_mm(d_up, wu, offs=cu),

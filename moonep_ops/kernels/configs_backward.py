@@ -11,17 +11,20 @@ from .configs import INTERPRETER_GEMM, GemmConfig
 
 
 def dgrad_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
-                 capability: tuple[int, int] | None) -> GemmConfig:
-    """M-grouped ``[num_rows, n]`` input gradients (reduction ``k``), single or dual."""
+                 capability: tuple[int, int] | None, dual: bool = False) -> GemmConfig:
+    """M-grouped ``[num_rows, n]`` input gradients (reduction ``k``), single or ``dual``."""
     if capability is None:
         return INTERPRETER_GEMM
     if dtype == torch.float32:
         return GemmConfig(64, 64, 32, 4, 3)
     if capability >= (9, 0):
-        # 128x256 tiles, TMA on the transposed weights (W_KN); 3 stages below 32768 rows, 4 above:
-        # within 3% of the best on every single and dual dgrad of the sweeps but one (qwen3 d act:
-        # 7%, a flattened loop wins there) (tune_backward_h200*.json; 3 stages: kimi-k2 S=1024
-        # dual -5%; 4 stages: kimi-k2 prefill dual -16%).
+        # 128x256 tiles, TMA on the transposed weights (W_KN), from the sweeps
+        # (tune_backward_h200*.json): a short single reduction (k <= 2048) overlaps each tile's
+        # epilogue with the next tile's loads (flattened loop: qwen3 d act -7%); otherwise 3
+        # stages below 32768 rows, 4 above (kimi-k2 S=1024 dual -5%, prefill dual -16%). Within 3%
+        # of the best on every single and dual dgrad measured.
+        if k <= 2048 and not dual:
+            return GemmConfig(128, 256, 64, 8, 4, flatten=True)
         return GemmConfig(128, 256, 64, 8, 3 if num_rows < 32768 else 4)
     return GemmConfig(128, 128, 32, 8, 3)
 

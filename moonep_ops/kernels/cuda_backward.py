@@ -52,7 +52,8 @@ def _choose_dual_dgrad(grad_gate, wg_t, wu_t, grad_up):
     from .triton_grouped_gemm import tma_usable_kn
 
     cap = capability_of(grad_gate)
-    cfg = configs_backward.dgrad_config(wg_t.shape[1], wg_t.shape[2], grad_gate.shape[0], grad_gate.dtype, cap)
+    cfg = configs_backward.dgrad_config(wg_t.shape[1], wg_t.shape[2], grad_gate.shape[0], grad_gate.dtype, cap,
+                                        dual=True)
     return cfg, (_tma(cap, grad_gate.dtype) and tma_usable_kn(grad_gate, wg_t, cfg.block_k)
                  and tma_usable_kn(grad_up, wu_t, cfg.block_k) and grad_up.data_ptr() % 16 == 0)
 
