@@ -77,7 +77,7 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     outputs (in x's dtype) autograd saves (as torchtitan-style training does; 2 x ``[NvS, I]``),
     with one dual dgrad for ``dx`` in the backward;
     ``recompute=True`` keeps the fused forward and recomputes gate/up in the backward (no
-    saved activations, slower today: 0.80x vs 0.99x of ``torch._grouped_mm`` on the H200,
+    saved activations, slower: 0.98x vs 1.20x of ``torch._grouped_mm`` on the H200,
     ``benchmarks/results/train_h200.json``).
     """
     if not recompute and _needs_grad(x, w_gate, w_up, route_weights):
