@@ -11,13 +11,18 @@ Schedule. The grid is persistent (about one program per SM, from static shapes o
 program first scans ``cu_seqlens`` on the device to count the real row tiles (each segment is
 cut into ``cdiv(len, BLOCK_M)`` tiles) and the tail tiles (rows ``[cu[-1], NvS)``), then walks
 work items ``(row tile, column tile)`` with stride ``num_programs``; columns vary fastest, so
-programs running together share a segment's ``a`` rows and stream its weights once. Empty
-segments and the tail cost no GEMM work, whatever ``NvS`` says. Nothing syncs the host.
+programs running together share a segment's ``a`` rows and stream its weights once. The tail
+tiles (zeros) follow in a second loop on the same stride. Empty segments and the tail cost no
+GEMM work, whatever ``NvS`` says. Nothing syncs the host. Hopper schedule knobs (from the
+config, TMA path only): ``FLATTEN`` (the software pipeliner issues the next item's loads under
+this item's epilogue), ``WARP_SPEC`` (Triton's producer/consumer warp specialization).
 
 Loads. Portable path: masked pointer loads (sm80+, any strides, any K). Hopper path
 (``USE_TMA``): tensor-memory-accelerator descriptors for ``a`` and ``w`` (rows past a segment's
-end are loaded but never stored: GEMM rows are independent). Stores are always masked to the
-segment, so one segment's tile never writes another's rows.
+end are loaded but never stored: GEMM rows are independent); ``W_KN``: the weights are the
+transposed view of ``[G, K, N]`` storage (the dgrad), read as ``[G*K, N]`` rows. Stores are
+masked to the segment, so one segment's tile never writes another's rows; with ``TMA_STORE``
+a tile wholly inside its segment is stored by TMA instead (whole, or in two column halves).
 
 Safety. Segment ends are clamped to ``[0, NvS]``: invalid ``cu_seqlens`` on CUDA give
 unspecified values, never an out-of-bounds access. Addresses are computed in int64.
