@@ -291,6 +291,35 @@ def test_only_requested_gradients_are_computed(recompute):
     assert rel_err(dx, ref) <= TOLERANCE[torch.float32]
 
 
+def test_saved_path_without_input_grad_skips_the_dual_dgrad():
+    """Weights train, the input is frozen (a first layer's input): moonep_experts' saved-gate/up
+    path computes the three weight gradients and d act, but no dx (no dual dgrad)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.name())
+            return func(*args, **(kwargs or {}))
+
+    layout = LAYOUTS[0]
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.float32)
+    weights = [w.requires_grad_() for w in (w_gate, w_up, w_down)]
+    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
+    grad_out = torch.randn_like(out)
+    with Recorder() as rec:
+        grads = torch.autograd.grad(out, weights, grad_out)
+    called = [name for name in rec.names if name.startswith("moonep::")]
+    assert "moonep::grouped_gemm_dual_dgrad" not in called, called
+    assert called.count("moonep::grouped_gemm_wgrad") == 3, called
+    refs = reference_grads(ref_experts, [x, w_gate, w_up, w_down, cu, rw], grad_out)
+    for got, i in zip(grads, (1, 2, 3)):
+        assert rel_err(got, refs[i]) <= TOLERANCE[torch.float32]
+
+
 # --- the backward ops directly: determinism, dtypes ------------------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)
