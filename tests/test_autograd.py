@@ -255,6 +255,24 @@ def test_grads_vs_float64_reference(case, layout, dtype, device):
     _check_grads(case, layout, dtype, args, idx, grads, grad_out, tol)
 
 
+def _moonep_ops_called(fn):
+    """``fn()``'s result and the names of the ``moonep::`` ops it dispatched, in call order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.name())
+            return func(*args, **(kwargs or {}))
+
+    with Recorder() as rec:
+        result = fn()
+    return result, [name for name in rec.names if name.startswith("moonep::")]
+
+
 # Backward ops that moonep_experts' two training paths run for dx alone (no wgrad: frozen weights).
 DX_ONLY_BACKWARD = {
     False: {"moonep::grouped_gemm_dgrad", "moonep::silu_mul_weight_backward",
@@ -267,26 +285,13 @@ DX_ONLY_BACKWARD = {
 @pytest.mark.parametrize("recompute", [False, True])
 def test_only_requested_gradients_are_computed(recompute):
     """A frozen weight (requires_grad=False) skips its wgrad; the input still gets its gradient."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.name())
-            return func(*args, **(kwargs or {}))
-
     layout = LAYOUTS[0]
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.float32)
     x.requires_grad_()
     out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, recompute=recompute)
     grad_out = torch.randn_like(out)
-    with Recorder() as rec:
-        (dx,) = torch.autograd.grad(out, (x,), grad_out)
-    called = {name for name in rec.names if name.startswith("moonep::")}
-    assert called == DX_ONLY_BACKWARD[recompute], called
+    (dx,), called = _moonep_ops_called(lambda: torch.autograd.grad(out, (x,), grad_out))
+    assert set(called) == DX_ONLY_BACKWARD[recompute], called
     ref = reference_grads(ref_experts, [x, w_gate, w_up, w_down, cu, rw], grad_out)[0]
     assert rel_err(dx, ref) <= TOLERANCE[torch.float32]
 
@@ -294,25 +299,12 @@ def test_only_requested_gradients_are_computed(recompute):
 def test_saved_path_without_input_grad_skips_the_dual_dgrad():
     """Weights train, the input is frozen (a first layer's input): moonep_experts' saved-gate/up
     path computes the three weight gradients and d act, but no dx (no dual dgrad)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.name())
-            return func(*args, **(kwargs or {}))
-
     layout = LAYOUTS[0]
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.float32)
     weights = [w.requires_grad_() for w in (w_gate, w_up, w_down)]
     out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
     grad_out = torch.randn_like(out)
-    with Recorder() as rec:
-        grads = torch.autograd.grad(out, weights, grad_out)
-    called = [name for name in rec.names if name.startswith("moonep::")]
+    grads, called = _moonep_ops_called(lambda: torch.autograd.grad(out, weights, grad_out))
     assert "moonep::grouped_gemm_dual_dgrad" not in called, called
     assert called.count("moonep::grouped_gemm_wgrad") == 3, called
     refs = reference_grads(ref_experts, [x, w_gate, w_up, w_down, cu, rw], grad_out)

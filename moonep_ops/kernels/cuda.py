@@ -33,11 +33,16 @@ def portable_only() -> bool:
     return os.environ.get("MOONEP_OPS_PORTABLE", "0") not in ("", "0")
 
 
+def hopper_tma(capability, dtype) -> bool:
+    """TMA loads: sm90+ and bf16/fp16 (fp32 takes the portable path), unless
+    ``MOONEP_OPS_PORTABLE=1``."""
+    return capability is not None and capability >= (9, 0) and dtype != torch.float32 and not portable_only()
+
+
 def _use_tma(capability, a, *weights) -> bool:
     from .triton_grouped_gemm import tma_usable
 
-    return (capability is not None and capability >= (9, 0) and a.dtype != torch.float32
-            and not portable_only() and tma_usable(a, *weights))
+    return hopper_tma(capability, a.dtype) and tma_usable(a, *weights)
 
 
 def _choose_plain(a, w, _, _a2=None):

@@ -10,12 +10,7 @@ from .. import _checks
 from .. import _checks_backward as _bchecks
 from .._library import lib
 from . import configs, configs_backward
-from .cuda import _dense, _on_device, capability_of, portable_only
-
-
-def _tma(capability, dtype) -> bool:
-    """Hopper TMA loads for the backward GEMMs (bf16/fp16; ``MOONEP_OPS_PORTABLE=1`` turns them off)."""
-    return capability is not None and capability >= (9, 0) and dtype != torch.float32 and not portable_only()
+from .cuda import _dense, _on_device, capability_of, hopper_tma, portable_only
 
 
 def _debug_checks(op_name, cu_seqlens, num_rows) -> None:
@@ -31,7 +26,7 @@ def _choose_dgrad(grad_out, w_t, _, _a2=None):
 
     cap = capability_of(grad_out)
     cfg = configs_backward.dgrad_config(w_t.shape[1], w_t.shape[2], grad_out.shape[0], grad_out.dtype, cap)
-    return cfg, _tma(cap, grad_out.dtype) and tma_usable_kn(grad_out, w_t, cfg.block_k)
+    return cfg, hopper_tma(cap, grad_out.dtype) and tma_usable_kn(grad_out, w_t, cfg.block_k)
 
 
 def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
@@ -54,8 +49,8 @@ def _choose_dual_dgrad(grad_gate, wg_t, wu_t, grad_up):
     cap = capability_of(grad_gate)
     cfg = configs_backward.dgrad_config(wg_t.shape[1], wg_t.shape[2], grad_gate.shape[0], grad_gate.dtype, cap,
                                         dual=True)
-    return cfg, (_tma(cap, grad_gate.dtype) and tma_usable_kn(grad_gate, wg_t, cfg.block_k)
-                 and tma_usable_kn(grad_up, wu_t, cfg.block_k) and grad_up.data_ptr() % 16 == 0)
+    return cfg, (hopper_tma(cap, grad_gate.dtype) and tma_usable_kn(grad_gate, wg_t, cfg.block_k)
+                 and tma_usable_kn(grad_up, wu_t, cfg.block_k))
 
 
 def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
@@ -90,7 +85,7 @@ def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
     cfg = configs_backward.wgrad_config(n, k, a.shape[0], a.dtype, cap)
     with _on_device(a):
         launch_grouped_gemm_wgrad(grad_out, a, _dense(cu_seqlens), out, cfg,
-                                  use_tma=_tma(cap, a.dtype) and tma_usable(grad_out, a))
+                                  use_tma=hopper_tma(cap, a.dtype) and tma_usable(grad_out, a))
     return out
 
 

@@ -252,13 +252,18 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def tma_addressable(t: torch.Tensor) -> bool:
+    """What a TMA descriptor needs of a tensor: unit inner stride, 16-byte aligned base and
+    outer strides."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
+
+
 def tma_usable(a: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """TMA needs 16-byte aligned bases and row strides and unit inner strides; each weight is
-    read as one ``[G*N, K]`` matrix, so its groups must be back to back."""
-    for t in (a, *weights):
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
-    return all(w.stride(0) == w.shape[1] * w.stride(1) for w in weights)
+    """TMA loads of ``a`` and the weights; each weight is read as one ``[G*N, K]`` matrix, so
+    its groups must be back to back."""
+    return (all(tma_addressable(t) for t in (a, *weights))
+            and all(w.stride(0) == w.shape[1] * w.stride(1) for w in weights))
 
 
 def is_kn_view(w: torch.Tensor) -> bool:
@@ -271,10 +276,8 @@ def tma_usable_kn(a: torch.Tensor, w: torch.Tensor, block_k: int) -> bool:
     """TMA for a transposed view: the storage ``[G*K, N]`` must be aligned and back to back,
     and ``K % block_k == 0`` so that no tile reads across two groups."""
     g, n, k = w.shape
-    size = w.element_size()
-    return (is_kn_view(w) and a.stride(-1) == 1 and a.data_ptr() % 16 == 0 and (a.stride(0) * size) % 16 == 0
-            and w.data_ptr() % 16 == 0 and (w.stride(2) * size) % 16 == 0 and w.stride(0) == k * w.stride(2)
-            and k % block_k == 0)
+    return (is_kn_view(w) and tma_addressable(a) and w.data_ptr() % 16 == 0
+            and (w.stride(2) * w.element_size()) % 16 == 0 and w.stride(0) == k * w.stride(2) and k % block_k == 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,10 +294,6 @@ class _Plan:
         descs = [None if geo is None else fast_launch.tensor_descriptor(t, *geo)
                  for t, geo in zip((a, w, u, a2, out), self.descs)]
         return [a, w, u, a2, rw, out, cu, *descs, *self.ints]
-
-
-def tma_store_usable(out: torch.Tensor) -> bool:
-    return (out.stride(1) == 1 and out.data_ptr() % 16 == 0 and (out.stride(0) * out.element_size()) % 16 == 0)
 
 
 def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None) -> _Plan:
@@ -323,7 +322,7 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     w_kn = use_tma and is_kn_view(w)
     if w_kn:
         if (w_up is not None and not dual) or not tma_usable_kn(a, w, cfg.block_k) or (
-                dual and not (tma_usable_kn(a2, u, cfg.block_k) and a2.data_ptr() % 16 == 0)):
+                dual and not tma_usable_kn(a2, u, cfg.block_k)):
             raise ValueError("TMA on transposed weights needs a plain or dual GEMM, aligned storage "
                              "and K % BLOCK_K == 0")
         w_geo = ([g * k, n], [w.stride(2), 1], [cfg.block_k, cfg.block_n])
@@ -331,7 +330,7 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     elif use_tma:
         descs = (a_geo, ([g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k]),
                  ([g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k]), a_geo if dual else None, None)
-    tma_store = cfg.tma_store if use_tma and tma_store_usable(out) else 0
+    tma_store = cfg.tma_store if use_tma and tma_addressable(out) else 0
     if tma_store:
         descs = descs[:4] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // tma_store]),)
     return _Plan(
@@ -380,20 +379,20 @@ def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=No
         return
     u = w if w_up is None else w_up
     rw = a if route_weights is None else route_weights
-    dual = a2 is not None
-    a2 = a if a2 is None else a2
-    key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), a2.stride(), out.stride(), a.dtype, a.device,
-           w_up is None, dual, route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16,
-           a2.data_ptr() % 16, rw.data_ptr() % 16, out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode)
+    a2_arg = a if a2 is None else a2  # the kernel's a2 argument (unused unless dual)
+    key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), a2_arg.stride(), out.stride(), a.dtype,
+           a.device, w_up is None, a2 is None, route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16,
+           u.data_ptr() % 16, a2_arg.data_ptr() % 16, rw.data_ptr() % 16, out.data_ptr() % 16,
+           cu_seqlens.data_ptr() % 16, choose, mode)
     entry = _PLANS.get(key)
     if entry is None:
-        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2 if dual else None), a2 if dual else None)
+        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2)
         kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a2)
         if fast_launch.ENABLED and hasattr(kernel, "run"):
             _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
         return
     plan, kernel, constexpr_values = entry
-    fast_launch.launch_compiled(kernel, plan.grid, plan.args(a, w, u, a2, rw, out, cu_seqlens) + constexpr_values)
+    fast_launch.launch_compiled(kernel, plan.grid, plan.args(a, w, u, a2_arg, rw, out, cu_seqlens) + constexpr_values)
 
 
 def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:

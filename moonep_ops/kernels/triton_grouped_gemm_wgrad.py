@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .configs import GemmConfig
+from .triton_grouped_gemm import tma_addressable
 
 
 @triton.jit
@@ -73,8 +74,7 @@ def _grouped_gemm_wgrad_kernel(
 def tma_usable(*ts: torch.Tensor) -> bool:
     """16-byte aligned rows with unit inner stride, and at least one row (a descriptor of an
     empty [0, N] matrix is invalid: NvS = 0 takes the pointer path, which stores the zeros)."""
-    return all(t.shape[0] > 0 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
-               for t in ts)
+    return all(t.shape[0] > 0 and tma_addressable(t) for t in ts)
 
 
 def launch_grouped_gemm_wgrad(grad_out: torch.Tensor, a: torch.Tensor, cu_seqlens: torch.Tensor,
