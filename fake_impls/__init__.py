@@ -40,4 +40,12 @@ def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
     return x.new_empty((x.shape[0], w_gate.shape[1]))
 
 
+@_fake("grouped_gemm_silu_mul_with_gate_up")
+def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens):
+    _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul_with_gate_up", x, w_gate, w_up, route_weights,
+                                        cu_seqlens)
+    shape = (x.shape[0], w_gate.shape[1])
+    return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape)
+
+
 from . import backward  # noqa: F401,E402  (fakes of the backward ops)

@@ -11,8 +11,10 @@ from . import kernels  # noqa: F401  (registers the kernels)
 import fake_impls  # noqa: F401,E402  (registers the fakes)
 from . import autograd  # noqa: F401,E402  (autograd formulas; after kernels and fakes)
 
-from .ops import grouped_gemm, grouped_gemm_silu_mul, moonep_experts, silu_mul_weight  # noqa: E402
+from .ops import (grouped_gemm, grouped_gemm_silu_mul, grouped_gemm_silu_mul_with_gate_up,  # noqa: E402
+                  moonep_experts, silu_mul_weight)
 
 __version__ = "0.1.0"
 
-__all__ = ["grouped_gemm", "silu_mul_weight", "grouped_gemm_silu_mul", "moonep_experts", "__version__"]
+__all__ = ["grouped_gemm", "silu_mul_weight", "grouped_gemm_silu_mul", "grouped_gemm_silu_mul_with_gate_up",
+           "moonep_experts", "__version__"]

@@ -22,6 +22,11 @@ SCHEMAS: dict[str, str] = {
         "grouped_gemm_silu_mul(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, "
         "Tensor cu_seqlens) -> Tensor"
     ),
+    # The fused GEMM for training: also returns gate and up, which the backward needs.
+    "grouped_gemm_silu_mul_with_gate_up": (
+        "grouped_gemm_silu_mul_with_gate_up(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, "
+        "Tensor cu_seqlens) -> (Tensor act, Tensor gate, Tensor up)"
+    ),
     # Backward ops (issue 7); the autograd formulas that call them live in moonep_ops/autograd.py.
     "grouped_gemm_dgrad": "grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor",
     "grouped_gemm_dual_dgrad": (

@@ -10,6 +10,10 @@
   memory per layer is one ``[NvS, I]`` tensor (the down projection's input) instead of three.
   Then ``dx = d_gate @ w_gate[g] + d_up @ w_up[g]`` (``grouped_gemm_dual_dgrad``, one pass)
   and two ``grouped_gemm_wgrad``.
+- ``grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu) -> (act, gate, up)``: the
+  fused forward that keeps gate and up for the backward (no recompute): ``d act`` goes through
+  ``silu_mul_weight_backward`` on the saved gate/up, plus any gradient that gate or up receive
+  directly (usually none: then no add), then one dual dgrad and two wgrads, as above.
 - ``gate_up_projections(x, w_gate, w_up, cu)`` (Python, an ``autograd.Function`` over two
   ``grouped_gemm`` calls: what ``moonep_experts`` trains with by default): autograd saves gate and
   up for ``silu_mul_weight``; the backward is ``dx = d_gate @ w_gate[g] + d_up @ w_up[g]`` in one
@@ -103,6 +107,46 @@ def _fused_backward(ctx, grad):
     return dx, dw_gate, dw_up, drw, None
 
 
+def _fused_saved_setup(ctx, inputs, output):
+    x, w_gate, w_up, route_weights, cu_seqlens = inputs
+    _, gate, up = output
+    need_x, need_wg, need_wu = ctx.needs_input_grad[:3]
+    # gate and up are outputs mainly so that the backward can read them; a gradient of their
+    # own is rare, so unused ones arrive as None instead of materialized zeros.
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x if need_wg or need_wu else None, w_gate if need_x else None,
+                          w_up if need_x else None, gate, up, route_weights, cu_seqlens)
+
+
+def _fused_saved_backward(ctx, d_act, d_gate_direct, d_up_direct):
+    x, w_gate, w_up, gate, up, route_weights, cu_seqlens = ctx.saved_tensors
+    _no_double_backward("grouped_gemm_silu_mul_with_gate_up", d_act, d_gate_direct, d_up_direct, x, w_gate,
+                        w_up, route_weights)
+    d_gate = d_up = d_rw = None
+    if d_act is not None:
+        d_gate, d_up, d_rw = _silu_mul_weight_backward(d_act, gate, up, route_weights, cu_seqlens)
+    d_gate = _add_grads(d_gate, d_gate_direct)
+    d_up = _add_grads(d_up, d_up_direct)
+    need = ctx.needs_input_grad
+    drw = d_rw if route_weights is not None and need[3] else None
+    if d_gate is None and d_up is None:
+        return None, None, None, drw, None
+    # The dual dgrad and the wgrads take both; one alone (a direct gradient of gate or up only)
+    # pairs with zeros.
+    d_gate = torch.zeros_like(gate) if d_gate is None else d_gate
+    d_up = torch.zeros_like(up) if d_up is None else d_up
+    dx = _grouped_gemm_dual_dgrad(d_gate, d_up, w_gate, w_up, cu_seqlens) if need[0] else None
+    dw_gate = _grouped_gemm_wgrad(d_gate, x, cu_seqlens) if need[1] else None
+    dw_up = _grouped_gemm_wgrad(d_up, x, cu_seqlens) if need[2] else None
+    return dx, dw_gate, dw_up, drw, None
+
+
+def _add_grads(a, b):
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
 class _GateUp(torch.autograd.Function):
     """``(x @ w_gate[g].T, x @ w_up[g].T)`` per segment, with one dual dgrad for ``dx``."""
 
@@ -139,6 +183,8 @@ torch.library.register_autograd(f"{NAMESPACE}::silu_mul_weight", _silu_mul_weigh
                                 setup_context=_silu_mul_weight_setup, lib=lib)
 torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm_silu_mul", _fused_backward,
                                 setup_context=_fused_setup, lib=lib)
+torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm_silu_mul_with_gate_up", _fused_saved_backward,
+                                setup_context=_fused_saved_setup, lib=lib)
 
 
 # Non-differentiable ops: explicit Autograd kernels ---------------------------------------

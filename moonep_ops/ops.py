@@ -16,6 +16,7 @@ _grouped_gemm = op("grouped_gemm")
 _grouped_gemm_out = op("grouped_gemm_out")
 _silu_mul_weight = op("silu_mul_weight")
 _grouped_gemm_silu_mul = op("grouped_gemm_silu_mul")
+_grouped_gemm_silu_mul_with_gate_up = op("grouped_gemm_silu_mul_with_gate_up")
 
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, cu_seqlens: torch.Tensor, *,
@@ -60,6 +61,19 @@ def grouped_gemm_silu_mul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Ten
     Returns ``act [NvS, I]`` in ``x``'s dtype; rows at or past ``cu_seqlens[-1]`` are zero.
     """
     return _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
+
+
+def grouped_gemm_silu_mul_with_gate_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                                       route_weights: Optional[torch.Tensor], cu_seqlens: torch.Tensor):
+    """The fused gate/up GEMM for training: ``(act, gate, up)``, each ``[NvS, I]`` in ``x``'s dtype.
+
+    One pass over ``x`` as in :func:`grouped_gemm_silu_mul`, but gate and up are also written
+    (rounded to ``x``'s dtype) and ``act = silu(gate) * up * route_weights[:, None]`` is
+    computed from those rounded values, so the three outputs are exactly what
+    ``grouped_gemm`` twice and ``silu_mul_weight`` give, and the backward reuses the saved
+    gate and up instead of recomputing them. Rows at or past ``cu_seqlens[-1]`` are zero.
+    """
+    return _grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
 
 
 def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,

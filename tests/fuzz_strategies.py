@@ -374,6 +374,11 @@ _ALL_OPS = [
     OpSpec("grouped_gemm_silu_mul", experts_inputs,
            lambda t: moonep_ops.grouped_gemm_silu_mul(t["x"], t["w_gate"], t["w_up"], t["rw"], t["cu"]),
            lambda t: grouped_gemm_silu_mul_ref(t["x"], t["w_gate"], t["w_up"], t["rw"], t["cu"]), _rows(_N)),
+    OpSpec("grouped_gemm_silu_mul_with_gate_up", experts_inputs,
+           lambda t: moonep_ops.grouped_gemm_silu_mul_with_gate_up(t["x"], t["w_gate"], t["w_up"], t["rw"], t["cu"]),
+           lambda t: (grouped_gemm_silu_mul_ref(t["x"], t["w_gate"], t["w_up"], t["rw"], t["cu"]),
+                      grouped_gemm_ref(t["x"], t["w_gate"], t["cu"]), grouped_gemm_ref(t["x"], t["w_up"], t["cu"])),
+           lambda p: (((p.nvs, p.n), p.dtype),) * 3),
     # the public expert path (fused gate/up + down GEMM), allocating and out=
     OpSpec("moonep_experts", experts_inputs,
            lambda t: moonep_ops.moonep_experts(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),

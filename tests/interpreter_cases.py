@@ -102,6 +102,42 @@ def test_grouped_gemm_silu_mul_interpreted(interpreted, layout, dtype, with_weig
     assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
 
 
+SAVE_CASES = [(lay, torch.float32) for lay in INTERP_LAYOUTS if lay.name != "g1100_sparse"] + [
+    (lay, torch.float16) for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "tail_rows", "g600_sparse")]
+
+
+def _check_saved_outputs(act, gate, up, x, w_gate, w_up, rw, cu, layout, dtype):
+    """gate and up are the two projections; act is silu_mul_weight of those *rounded* values
+    (so it matches the unfused ops); every tail row of all three is zero."""
+    for t in (act, gate, up):
+        assert not torch.isnan(t).any()
+        assert torch.equal(t[layout.total:], torch.zeros_like(t[layout.total:]))
+    assert rel_err(gate, grouped_gemm_ref(x, w_gate, cu)) <= TOLERANCE[dtype]
+    assert rel_err(up, grouped_gemm_ref(x, w_up, cu)) <= TOLERANCE[dtype]
+    assert rel_err(act, silu_mul_weight_ref(gate, up, rw, cu)) <= TOLERANCE[dtype]
+    assert rel_err(act, grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])
+@pytest.mark.parametrize("layout,dtype", SAVE_CASES, ids=[f"{lay.name}-{dt}" for lay, dt in SAVE_CASES])
+def test_grouped_gemm_silu_mul_with_gate_up_interpreted(interpreted, layout, dtype, with_weights):
+    gemm = interpreted[0]
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, dtype, with_weights=with_weights)
+    act, gate, up = (torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype) for _ in range(3))
+    gemm.launch_grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu, act, gate, up, configs.INTERPRETER_GEMM)
+    _check_saved_outputs(act, gate, up, x, w_gate, w_up, rw, cu, layout, dtype)
+
+
+def test_saving_gate_up_needs_matching_outputs(interpreted):
+    gemm = interpreted[0]
+    layout = LAYOUTS[0]
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.float32)
+    act = torch.empty(layout.nvs, layout.n)
+    with pytest.raises(ValueError, match="saving gate and up"):
+        gemm.launch_grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu, act, act.t().contiguous().t(), act,
+                                                       configs.INTERPRETER_GEMM)
+
+
 def test_cuda_impls_accept_strided_cu_seqlens_and_route_weights():
     """The registered CUDA functions (run here on CPU tensors through the interpreter) must give
     the same result for strided views of cu_seqlens/route_weights as for dense copies: the
@@ -117,6 +153,7 @@ def test_cuda_impls_accept_strided_cu_seqlens_and_route_weights():
     cases = {
         "grouped_gemm": (fwd.grouped_gemm, (x, w, cu)),
         "grouped_gemm_silu_mul": (fwd.grouped_gemm_silu_mul, (x, w, w2, rw, cu)),
+        "grouped_gemm_silu_mul_with_gate_up": (fwd.grouped_gemm_silu_mul_with_gate_up, (x, w, w2, rw, cu)),
         "silu_mul_weight": (fwd.silu_mul_weight, (gate, up, rw, cu)),
         "grouped_gemm_dgrad": (bwd.grouped_gemm_dgrad, (grad, w, cu)),
         "grouped_gemm_dual_dgrad": (bwd.grouped_gemm_dual_dgrad, (grad, 2 * grad, w, w2, cu)),
@@ -144,7 +181,7 @@ SCHEDULES = [
 SCHEDULE_LAYOUTS = [lay for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "tail_rows", "moonep_padded", "one_segment")]
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("fused", [False, True, "save"], ids=["plain", "fused", "fused_save"])
 @pytest.mark.parametrize("cfg", SCHEDULES, ids=["tma_store", "ws_tma_store_halves", "flatten"])
 @pytest.mark.parametrize("layout", SCHEDULE_LAYOUTS, ids=[lay.name for lay in SCHEDULE_LAYOUTS])
 def test_schedules_interpreted(interpreted, layout, cfg, fused):
@@ -153,6 +190,11 @@ def test_schedules_interpreted(interpreted, layout, cfg, fused):
     x, w_gate, w_up, _, cu, rw = experts_inputs(layout, dtype, with_weights=True)
     out = torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype)
     assert gemm.tma_usable(x, w_gate, w_up) and gemm.tma_addressable(out)
+    if fused == "save":
+        gate, up = torch.full_like(out, float("nan")), torch.full_like(out, float("nan"))
+        gemm.launch_grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu, out, gate, up, cfg, use_tma=True)
+        _check_saved_outputs(out, gate, up, x, w_gate, w_up, rw, cu, layout, dtype)
+        return
     if fused:
         gemm.launch_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu, out, cfg, use_tma=True)
         ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)

@@ -63,6 +63,12 @@ def ref_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu):
     return ref_silu_mul_weight(ref_grouped_gemm(x, w_gate, cu), ref_grouped_gemm(x, w_up, cu), rw, cu)
 
 
+def ref_gate_up_act(x, w_gate, w_up, rw, cu):
+    """``act, gate, up`` side by side (``[NvS, 3n]``): every output of the training fused op."""
+    gate, up = ref_grouped_gemm(x, w_gate, cu), ref_grouped_gemm(x, w_up, cu)
+    return torch.cat((ref_silu_mul_weight(gate, up, rw, cu), gate, up), dim=1)
+
+
 def ref_experts(x, w_gate, w_up, w_down, cu, rw):
     return ref_grouped_gemm(ref_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu), w_down, cu)
 
@@ -131,6 +137,21 @@ def _experts_args(with_weights):
     return make
 
 
+def _with_gate_up_act(x, w_gate, w_up, rw, cu):
+    return moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)[0]
+
+
+def _with_gate_up_all(x, w_gate, w_up, rw, cu):
+    # A loss over gate and up as well: their own gradients join d act's in the backward.
+    return torch.cat(moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu), dim=1)
+
+
+def experts_with_gate_up(x, w_gate, w_up, w_down, cu, rw):
+    """The expert layer over the training fused op (what a user's training loop would write)."""
+    act, _, _ = moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
+    return moonep_ops.grouped_gemm(act, w_down, cu)
+
+
 CASES = [
     Case("grouped_gemm", moonep_ops.grouped_gemm, ref_grouped_gemm, _gg_args),
     Case("silu_mul_weight", moonep_ops.silu_mul_weight, ref_silu_mul_weight, _smw_args(True)),
@@ -138,10 +159,14 @@ CASES = [
     Case("grouped_gemm_silu_mul", moonep_ops.grouped_gemm_silu_mul, ref_grouped_gemm_silu_mul, _fused_args(True)),
     Case("grouped_gemm_silu_mul_no_weights", moonep_ops.grouped_gemm_silu_mul, ref_grouped_gemm_silu_mul,
          _fused_args(False)),
+    Case("with_gate_up_act", _with_gate_up_act, ref_grouped_gemm_silu_mul, _fused_args(True)),
+    Case("with_gate_up_act_no_weights", _with_gate_up_act, ref_grouped_gemm_silu_mul, _fused_args(False)),
+    Case("with_gate_up_all", _with_gate_up_all, ref_gate_up_act, _fused_args(True)),
     Case("moonep_experts", moonep_ops.moonep_experts, ref_experts, _experts_args(True)),
     Case("moonep_experts_no_weights", moonep_ops.moonep_experts, ref_experts, _experts_args(False)),
     Case("moonep_experts_recompute", functools.partial(moonep_ops.moonep_experts, recompute=True), ref_experts,
          _experts_args(True)),
+    Case("experts_with_gate_up", experts_with_gate_up, ref_experts, _experts_args(True)),
 ]
 CASE_IDS = [c.name for c in CASES]
 
@@ -181,7 +206,7 @@ def test_gradcheck_fast(case, layout):
 
 
 _FULL_LAYOUTS = [lay for lay in GRAD_LAYOUTS if lay.name in ("empty_middle", "tail_rows", "g1")]
-_FULL_CASES = [c for c in CASES if not c.name.startswith("moonep_experts")]
+_FULL_CASES = [c for c in CASES if "experts" not in c.name]
 
 
 @pytest.mark.parametrize("layout", _FULL_LAYOUTS, ids=[lay.name for lay in _FULL_LAYOUTS])
@@ -251,7 +276,7 @@ _CHAIN_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_grads_vs_float64_reference(case, layout, dtype, device):
     args, idx, grads, grad_out = _run_backward(case, layout, dtype, device)
-    tol = _CHAIN_TOL[dtype] if case.name.startswith("moonep_experts") else None
+    tol = _CHAIN_TOL[dtype] if "experts" in case.name else None
     _check_grads(case, layout, dtype, args, idx, grads, grad_out, tol)
 
 
@@ -360,6 +385,8 @@ _DIFF_OPS = {
     "silu_mul_weight_no_weights": _smw_args(False),
     "grouped_gemm_silu_mul": _fused_args(True),
     "grouped_gemm_silu_mul_no_weights": _fused_args(False),
+    "grouped_gemm_silu_mul_with_gate_up": _fused_args(True),
+    "grouped_gemm_silu_mul_with_gate_up_no_weights": _fused_args(False),
 }
 
 
@@ -451,23 +478,32 @@ def _recording_backend(graphs):
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))
 
 
-# The backward ops each training path of moonep_experts must show in its compiled backward graph.
+# Training paths of the expert layer: moonep_experts' two, and the training fused op composed
+# by hand; each with the backward ops its compiled backward graph must show.
+TRAINING_PATHS = {
+    "saved": functools.partial(moonep_ops.moonep_experts, recompute=False),
+    "recompute": functools.partial(moonep_ops.moonep_experts, recompute=True),
+    "with_gate_up": experts_with_gate_up,
+}
 BACKWARD_GRAPH_OPS = {
-    False: ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "silu_mul_weight_backward", "grouped_gemm_dual_dgrad"),
-    True: ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_gemm_silu_mul_backward", "grouped_gemm_dual_dgrad"),
+    "saved": ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "silu_mul_weight_backward", "grouped_gemm_dual_dgrad"),
+    "recompute": ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "grouped_gemm_silu_mul_backward",
+                  "grouped_gemm_dual_dgrad"),
+    "with_gate_up": ("grouped_gemm_dgrad", "grouped_gemm_wgrad", "silu_mul_weight_backward",
+                     "grouped_gemm_dual_dgrad"),
 }
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
+@pytest.mark.parametrize("path", list(TRAINING_PATHS))
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compile_forward_backward_no_graph_break(backend, recompute):
+def test_compile_forward_backward_no_graph_break(backend, path):
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     layout = next(lay for lay in LAYOUTS if lay.name == "empty_middle")
     graphs = []
-    experts = functools.partial(moonep_ops.moonep_experts, recompute=recompute)
+    experts = TRAINING_PATHS[path]
     compiled = torch.compile(experts, fullgraph=True,
                              backend=_recording_backend(graphs) if backend == "aot_eager" else backend)
     for lay in (layout, dataclasses.replace(layout, sizes=(1, 6, 0, 2, 0, 3), nvs=15)):  # new NvS, routing
@@ -486,8 +522,11 @@ def test_compile_forward_backward_no_graph_break(backend, recompute):
     assert dict(counters["graph_break"]) == {}
     if graphs:
         backward = "\n".join(code for kind, code in graphs if kind == "backward")
-        for name in BACKWARD_GRAPH_OPS[recompute]:
+        for name in BACKWARD_GRAPH_OPS[path]:
             assert f"moonep.{name}" in backward, f"{name} missing from the compiled backward graph"
+        if path == "with_gate_up":
+            # gate and up get no gradient of their own: no zeros materialized, nothing added.
+            assert "aten.add" not in backward and "aten.zeros" not in backward, backward
 
 
 # --- CUDA: capture a training step, replay with new routing and data -------------------------

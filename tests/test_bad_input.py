@@ -26,6 +26,7 @@ gg = torch.ops.moonep.grouped_gemm.default
 gg_out = torch.ops.moonep.grouped_gemm_out.default
 smw = torch.ops.moonep.silu_mul_weight.default
 ggsm = torch.ops.moonep.grouped_gemm_silu_mul.default
+ggsm_gu = torch.ops.moonep.grouped_gemm_silu_mul_with_gate_up.default
 
 NVS, K, N, G = 8, 16, 12, 3
 
@@ -431,6 +432,38 @@ class TestGroupedGemmSiluMulBadInput(BadInputCase):
             """moonep::grouped_gemm_silu_mul: x has dtype torch.float64, expected one of torch.bfloat16, torch.float16, torch.float32 on cuda""")
 
 
+class TestGroupedGemmSiluMulWithGateUpBadInput(BadInputCase):
+    """The training variant shares grouped_gemm_silu_mul's rules; its errors carry its own name."""
+
+    def test_shapes(self):
+        x, wg, wu, rw, cu = _ggsm_args()
+        self.assertExpectedInline(
+            self.raises(ggsm_gu, x[:, :K - 1], wg, wu, rw, cu),
+            """moonep::grouped_gemm_silu_mul_with_gate_up: x is [NvS, K] = [8, 15] and w_gate is [G, N, K] = [3, 12, 16]: K must match (out = x @ w_gate[g].T)""")
+        self.assertExpectedInline(
+            self.raises(ggsm_gu, x, wg, wu[:, :N - 1], rw, cu),
+            """moonep::grouped_gemm_silu_mul_with_gate_up: w_up has shape [3, 11, 16] but w_gate has shape [3, 12, 16]; they must match ([G, I, H])""")
+        self.assertExpectedInline(
+            self.raises(ggsm_gu, x, wg, wu, rw[:NVS - 1], cu),
+            """moonep::grouped_gemm_silu_mul_with_gate_up: route_weights must be [NvS] = [8] (one per row of x), got shape [7]""")
+        self.assertExpectedInline(
+            self.raises(ggsm_gu, x, wg, wu, rw, _cu((3, 6))),
+            """moonep::grouped_gemm_silu_mul_with_gate_up: cu_seqlens has 2 entries but w_gate has G = 3 groups (w_gate.shape[0]); they must match""")
+
+    def test_dtypes_and_devices(self):
+        x, wg, wu, rw, cu = _ggsm_args()
+        self.assertExpectedInline(
+            self.raises(ggsm_gu, x, wg, wu.bfloat16(), rw, cu),
+            """moonep::grouped_gemm_silu_mul_with_gate_up: w_up has dtype torch.bfloat16 but x has dtype torch.float32; they must match""")
+        self.assertExpectedInline(
+            self.raises_fake(ggsm_gu, x, wg, wu, rw, cu, cuda=(0, 1, 2, 4)),
+            """moonep::grouped_gemm_silu_mul_with_gate_up: route_weights is on cpu but x is on cuda:0; all tensors must be on one device""")
+        x64, wg64, wu64, _, cu = _ggsm_args(dtype=torch.float64)
+        self.assertExpectedInline(
+            self.raises_fake(ggsm_gu, x64, wg64, wu64, None, cu, cuda=(0, 1, 2, 4)),
+            """moonep::grouped_gemm_silu_mul_with_gate_up: x has dtype torch.float64, expected one of torch.bfloat16, torch.float16, torch.float32 on cuda""")
+
+
 class TestCuSeqlensValuesCpu(BadInputCase):
     """Data checks, CPU only. The fakes must accept these (they cannot see values)."""
 
@@ -442,12 +475,14 @@ class TestCuSeqlensValuesCpu(BadInputCase):
                 self.raises(gg_out, a, w, cu, out, fake=False),
                 self.raises(smw, gate, up, rw, cu, fake=False),
                 self.raises(smw, gate, up, None, cu, fake=False),
-                self.raises(ggsm, a, w, w, rw, cu, fake=False)]
+                self.raises(ggsm, a, w, w, rw, cu, fake=False),
+                self.raises(ggsm_gu, a, w, w, rw, cu, fake=False)]
         # The fakes pass and give the real kernels' metadata: no data read at trace time.
         self.assertEqual(_fake_call(gg, (a, w, cu)).shape, (NVS, N))
         self.assertIsNone(_fake_call(gg_out, (a, w, cu, out)))
         self.assertEqual(_fake_call(smw, (gate, up, rw, cu)).shape, (NVS, N))
         self.assertEqual(_fake_call(ggsm, (a, w, w, rw, cu)).shape, (NVS, N))
+        self.assertEqual([t.shape for t in _fake_call(ggsm_gu, (a, w, w, rw, cu))], [(NVS, N)] * 3)
         # One message per op, differing only in the op name.
         self.assertEqual(len({m.split(": ", 1)[1] for m in msgs}), 1, msgs)
         return msgs[0]

@@ -173,6 +173,17 @@ CASES = {
         _ops().grouped_gemm_silu_mul, (b.a, b.w, _other(b, b.w_up), b.rw, b.cu)), False),
     "ggsm_rw_other_device": _c("grouped_gemm_silu_mul", lambda b: (
         _ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up, _other(b, b.rw), b.cu)), False),
+    # grouped_gemm_silu_mul_with_gate_up: the same argument rules as grouped_gemm_silu_mul
+    "ggsm_gu_k_mismatch": _c("grouped_gemm_silu_mul_with_gate_up", lambda b: (
+        _ops().grouped_gemm_silu_mul_with_gate_up, (b.a[:, :K - 1], b.w, b.w_up, b.rw, b.cu))),
+    "ggsm_gu_float64": _cuda_only("grouped_gemm_silu_mul_with_gate_up", lambda b: (
+        _ops().grouped_gemm_silu_mul_with_gate_up, (b.a.double(), b.w.double(), b.w_up.double(), None, b.cu))),
+    "ggsm_gu_w_up_groups": _c("grouped_gemm_silu_mul_with_gate_up", lambda b: (
+        _ops().grouped_gemm_silu_mul_with_gate_up, (b.a, b.w, b.w_up[:G - 1], b.rw, b.cu))),
+    "ggsm_gu_rw_short": _c("grouped_gemm_silu_mul_with_gate_up", lambda b: (
+        _ops().grouped_gemm_silu_mul_with_gate_up, (b.a, b.w, b.w_up, b.rw[:NVS - 1], b.cu))),
+    "ggsm_gu_rw_other_device": _c("grouped_gemm_silu_mul_with_gate_up", lambda b: (
+        _ops().grouped_gemm_silu_mul_with_gate_up, (b.a, b.w, b.w_up, _other(b, b.rw), b.cu)), False),
     # backward ops (issue 7): grad [NvS, N]
     "dgrad_n_mismatch": _c("grouped_gemm_dgrad",
                            lambda b: (_ops().grouped_gemm_dgrad, (b.grad[:, :N - 1], b.w, b.cu))),
@@ -215,6 +226,8 @@ def value_calls(b, cu):
         "grouped_gemm_out": (_ops().grouped_gemm_out, (b.a, b.w, cu, b.out)),
         "silu_mul_weight": (_ops().silu_mul_weight, (b.gate, b.up, b.rw, cu)),
         "grouped_gemm_silu_mul": (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up, b.rw, cu)),
+        "grouped_gemm_silu_mul_with_gate_up": (_ops().grouped_gemm_silu_mul_with_gate_up,
+                                               (b.a, b.w, b.w_up, b.rw, cu)),
         "grouped_gemm_dgrad": (_ops().grouped_gemm_dgrad, (b.grad, b.w, cu)),
         "grouped_gemm_dual_dgrad": (_ops().grouped_gemm_dual_dgrad, (b.grad, b.grad, b.w, b.w_up, cu)),
         "grouped_gemm_wgrad": (_ops().grouped_gemm_wgrad, (b.grad, b.a, cu)),

@@ -76,6 +76,31 @@ def test_silu_mul_weight_graph_replay(with_weights):
     assert rel_err(out, silu_mul_weight_ref(*new)) <= 1e-2
 
 
+@pytest.mark.parametrize("with_weights", [True, False])
+def test_grouped_gemm_silu_mul_with_gate_up_graph_replay_and_no_sync(with_weights):
+    x, w_gate, w_up, _, cu, rw = experts_inputs(LAYOUT_A, torch.bfloat16, "cuda", with_weights=with_weights)
+    inputs = (x, w_gate, w_up, rw, cu)
+    graph, outs = _capture(moonep_ops.grouped_gemm_silu_mul_with_gate_up, *inputs)
+    nx, nwg, nwu, _, ncu, nrw = experts_inputs(LAYOUT_B, torch.bfloat16, "cuda", with_weights=with_weights)
+    new = (nx, nwg, nwu, nrw, ncu)
+    _copy_into(inputs, new)
+    for t in outs:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = moonep_ops.grouped_gemm_silu_mul_with_gate_up(*new)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for got, want in zip(outs, eager):
+        assert torch.equal(got, want)
+    act, gate, up = outs
+    assert rel_err(gate, grouped_gemm_ref(nx, nwg, ncu)) <= TOLERANCE[torch.bfloat16]
+    assert rel_err(up, grouped_gemm_ref(nx, nwu, ncu)) <= TOLERANCE[torch.bfloat16]
+    assert rel_err(act, silu_mul_weight_ref(gate, up, nrw, ncu)) <= TOLERANCE[torch.bfloat16]
+
+
 def test_experts_graph_replay_and_no_sync():
     inputs = experts_inputs(LAYOUT_A, torch.bfloat16, "cuda")
     out = torch.empty(NVS, LAYOUT_A.k, dtype=torch.bfloat16, device="cuda")

@@ -64,6 +64,22 @@ def test_grouped_gemm_silu_mul(layout, dtype, with_weights, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_grouped_gemm_silu_mul_with_gate_up(layout, dtype, with_weights, device):
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, dtype, device, with_weights=with_weights)
+    act, gate, up = moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
+    for t in (act, gate, up):
+        assert t.shape == (layout.nvs, layout.n) and t.dtype == dtype and t.is_contiguous()
+    _assert_close_and_zero_tail(gate, grouped_gemm_ref(x, w_gate, cu), layout, dtype)
+    _assert_close_and_zero_tail(up, grouped_gemm_ref(x, w_up, cu), layout, dtype)
+    _assert_close_and_zero_tail(act, grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu), layout, dtype)
+    # act is the activation of the saved (rounded) gate and up, as the unfused ops compute it.
+    _assert_close_and_zero_tail(act, silu_mul_weight_ref(gate, up, rw, cu), layout, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("use_out", [False, True], ids=["alloc", "out"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)

@@ -31,6 +31,8 @@ OP_CASES = {
     "silu_mul_weight_no_weights": "silu_mul_weight",
     "grouped_gemm_silu_mul": "grouped_gemm_silu_mul",
     "grouped_gemm_silu_mul_no_weights": "grouped_gemm_silu_mul",
+    "grouped_gemm_silu_mul_with_gate_up": "grouped_gemm_silu_mul_with_gate_up",
+    "grouped_gemm_silu_mul_with_gate_up_no_weights": "grouped_gemm_silu_mul_with_gate_up",
 }
 
 # fp32 over every layout; bf16 (the MoonEP dtype) on the MoonEP-shaped and the odd-sized ones.

@@ -29,6 +29,7 @@ grouped_gemm(Tensor a, Tensor w, Tensor cu_seqlens) -> Tensor
 grouped_gemm_out(Tensor a, Tensor w, Tensor cu_seqlens, Tensor(a!) out) -> ()
 silu_mul_weight(Tensor gate, Tensor up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
 grouped_gemm_silu_mul(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
+grouped_gemm_silu_mul_with_gate_up(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> (Tensor act, Tensor gate, Tensor up)
 grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor
 grouped_gemm_dual_dgrad(Tensor grad_gate, Tensor grad_up, Tensor w_gate, Tensor w_up, Tensor cu_seqlens) -> Tensor
 grouped_gemm_wgrad(Tensor grad_out, Tensor a, Tensor cu_seqlens) -> Tensor
@@ -42,6 +43,7 @@ moonep::grouped_gemm(Tensor a, Tensor w, Tensor cu_seqlens) -> Tensor
 moonep::grouped_gemm_out(Tensor a, Tensor w, Tensor cu_seqlens, Tensor(a!) out) -> ()
 moonep::silu_mul_weight(Tensor gate, Tensor up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
 moonep::grouped_gemm_silu_mul(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
+moonep::grouped_gemm_silu_mul_with_gate_up(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> (Tensor act, Tensor gate, Tensor up)
 moonep::grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor
 moonep::grouped_gemm_dual_dgrad(Tensor grad_gate, Tensor grad_up, Tensor w_gate, Tensor w_up, Tensor cu_seqlens) -> Tensor
 moonep::grouped_gemm_wgrad(Tensor grad_out, Tensor a, Tensor cu_seqlens) -> Tensor

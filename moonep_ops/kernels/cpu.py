@@ -75,7 +75,22 @@ def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
     return out
 
 
+def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens):
+    """Gate and up as two grouped GEMMs (rounded to x's dtype), then the activation of those
+    rounded values: exactly what the unfused ops give."""
+    name = "grouped_gemm_silu_mul_with_gate_up"
+    _checks.check_grouped_gemm_silu_mul(name, x, w_gate, w_up, route_weights, cu_seqlens)
+    _checks.check_cu_seqlens_values(name, cu_seqlens, x.shape[0])
+    shape = (x.shape[0], w_gate.shape[1])
+    gate = torch.empty(shape, dtype=x.dtype, device=x.device)
+    up = torch.empty(shape, dtype=x.dtype, device=x.device)
+    grouped_gemm_into(x, w_gate, cu_seqlens, gate)
+    grouped_gemm_into(x, w_up, cu_seqlens, up)
+    return silu_mul_weight(gate, up, route_weights, cu_seqlens), gate, up
+
+
 lib.impl("grouped_gemm", grouped_gemm, "CPU")
 lib.impl("grouped_gemm_out", grouped_gemm_out, "CPU")
 lib.impl("silu_mul_weight", silu_mul_weight, "CPU")
 lib.impl("grouped_gemm_silu_mul", grouped_gemm_silu_mul, "CPU")
+lib.impl("grouped_gemm_silu_mul_with_gate_up", grouped_gemm_silu_mul_with_gate_up, "CPU")

@@ -75,6 +75,13 @@ def grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out) 
                  portable_only())
 
 
+def grouped_gemm_silu_mul_with_gate_up_into(x, w_gate, w_up, route_weights, cu_seqlens, act, gate, up) -> None:
+    from .triton_grouped_gemm import run_moe_gemm
+
+    run_moe_gemm(x, w_gate, w_up, _dense(route_weights), _dense(cu_seqlens), act, _choose_fused,
+                 portable_only(), saved=(gate, up))
+
+
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
     from .triton_silu_mul_weight import launch_silu_mul_weight
 
@@ -135,7 +142,20 @@ def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
     return out
 
 
+def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens):
+    name = "grouped_gemm_silu_mul_with_gate_up"
+    if not _fast_checks.grouped_gemm_silu_mul_ok(x, w_gate, w_up, route_weights, cu_seqlens):
+        _checks.check_grouped_gemm_silu_mul(name, x, w_gate, w_up, route_weights, cu_seqlens)
+    _debug_checks(name, cu_seqlens, x.shape[0])
+    shape = (x.shape[0], w_gate.shape[1])
+    act, gate, up = (torch.empty(shape, dtype=x.dtype, device=x.device) for _ in range(3))
+    with _on_device(x):
+        grouped_gemm_silu_mul_with_gate_up_into(x, w_gate, w_up, route_weights, cu_seqlens, act, gate, up)
+    return act, gate, up
+
+
 lib.impl("grouped_gemm", grouped_gemm, "CUDA")
 lib.impl("grouped_gemm_out", grouped_gemm_out, "CUDA")
 lib.impl("silu_mul_weight", silu_mul_weight, "CUDA")
 lib.impl("grouped_gemm_silu_mul", grouped_gemm_silu_mul, "CUDA")
+lib.impl("grouped_gemm_silu_mul_with_gate_up", grouped_gemm_silu_mul_with_gate_up, "CUDA")

@@ -6,6 +6,9 @@ with an optional fused SwiGLU epilogue.
 - ``FUSED=True``: ``out[seg_g] = silu(a[seg_g] @ w[g].T) * (a[seg_g] @ w_up[g].T) * rw[seg_g]``;
   each ``a`` tile is loaded once for both projections and the activation is applied to the
   fp32 accumulators, so gate and up are never rounded or written.
+- ``FUSED=True, SAVE=True`` (training forward): also writes gate and up (rounded to the
+  output dtype) to ``gate_out`` and ``up_out``, and computes the activation from those
+  rounded values, so ``out`` is what ``silu_mul_weight(gate_out, up_out)`` gives.
 
 Schedule. The grid is persistent (about one program per SM, from static shapes only). Each
 program first scans ``cu_seqlens`` on the device to count the real row tiles (each segment is
@@ -100,7 +103,7 @@ def _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M: tl.co
 
 @triton.jit
 def _moe_gemm_kernel(
-    a_ptr, w_ptr, u_ptr, a2_ptr, rw_ptr, out_ptr, cu_ptr,
+    a_ptr, w_ptr, u_ptr, a2_ptr, rw_ptr, out_ptr, gate_out_ptr, up_out_ptr, cu_ptr,
     a_desc, w_desc, u_desc, a2_desc, o_desc,
     G, NUM_ROWS, N, K,
     stride_am, stride_ak, stride_wg, stride_wn, stride_wk, stride_ug, stride_un, stride_uk,
@@ -109,7 +112,7 @@ def _moe_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr, PRECISION: tl.constexpr,
     W_KN: tl.constexpr = False, FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
-    TMA_STORE: tl.constexpr = 0, DUAL: tl.constexpr = False,
+    TMA_STORE: tl.constexpr = 0, DUAL: tl.constexpr = False, SAVE: tl.constexpr = False,
 ):
     # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
     if SMALL_G:
@@ -214,6 +217,13 @@ def _moe_gemm_kernel(
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         col_mask = cols < N
         if FUSED:
+            if SAVE:  # gate_out and up_out share out's strides (the plan checks)
+                gate_r = acc.to(out_ptr.dtype.element_ty)
+                up_r = acc_up.to(out_ptr.dtype.element_ty)
+                store_tile(gate_out_ptr, gate_r, rows, cols, row_mask, col_mask, stride_om, stride_on)
+                store_tile(up_out_ptr, up_r, rows, cols, row_mask, col_mask, stride_om, stride_on)
+                acc = gate_r.to(tl.float32)
+                acc_up = up_r.to(tl.float32)
             acc = acc * tl.sigmoid(acc) * acc_up
             if HAS_WEIGHTS:
                 acc = acc * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
@@ -239,6 +249,11 @@ def _moe_gemm_kernel(
         cols = (j % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
         zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om, stride_on,
                        BLOCK_M, BLOCK_N)
+        if SAVE:
+            zero_tail_tile(gate_out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om,
+                           stride_on, BLOCK_M, BLOCK_N)
+            zero_tail_tile(up_out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om,
+                           stride_on, BLOCK_M, BLOCK_N)
 
 
 def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
@@ -290,15 +305,19 @@ class _Plan:
     num_stages: int
     descs: tuple  # (shape, strides, block) of a, w, w_up, a2, out for TMA, or None each
 
-    def args(self, a, w, u, a2, rw, out, cu) -> list:
+    def args(self, a, w, u, a2, rw, out, gate_out, up_out, cu) -> list:
         descs = [None if geo is None else fast_launch.tensor_descriptor(t, *geo)
                  for t, geo in zip((a, w, u, a2, out), self.descs)]
-        return [a, w, u, a2, rw, out, cu, *descs, *self.ints]
+        return [a, w, u, a2, rw, out, gate_out, up_out, cu, *descs, *self.ints]
 
 
-def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None) -> _Plan:
+_FIRST_DESC = 9  # index of the first descriptor in _Plan.args
+
+
+def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None, saved=None) -> _Plan:
     """``a2`` given: the dual GEMM ``out = a @ w[g].T + a2 @ w_up[g].T`` (``a2`` with ``a``'s
-    shape and strides); else ``w_up`` given: the fused SwiGLU GEMM."""
+    shape and strides); else ``w_up`` given: the fused SwiGLU GEMM, which with ``saved =
+    (gate_out, up_out)`` (``out``'s shape, dtype and strides) also writes gate and up."""
     if not use_tma:  # the schedule knobs are measured (and meant) for the Hopper TMA path only
         cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0)
     if cfg.flatten and cfg.tma_store:
@@ -317,6 +336,9 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     if dual and (w_up is None or a2.shape != a.shape or a2.stride() != a.stride() or u.shape != w.shape
                  or u.stride() != w.stride()):
         raise ValueError("dual GEMM: a2 needs a's shape and strides, w_up w's")
+    if saved is not None and (w_up is None or dual or any(
+            t.shape != out.shape or t.stride() != out.stride() or t.dtype != out.dtype for t in saved)):
+        raise ValueError("saving gate and up needs the fused GEMM and two outputs like out")
     a_geo = ([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
     descs = (None,) * 5
     w_kn = use_tma and is_kn_view(w)
@@ -342,36 +364,39 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
                         BLOCK_G=max(16, triton.next_power_of_2(g)) if g <= SMALL_G_MAX else BLOCK_G,
                         SMALL_G=g <= SMALL_G_MAX,
                         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_KN=w_kn,
-                        FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual),
+                        FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual,
+                        SAVE=saved is not None),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs,
     )
 
 
-def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out, a2=None):
+def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out, a2=None, saved=None):
     """Launch through Triton's JIT (compiling on first use); returns the compiled kernel."""
     u = w if w_up is None else w_up
     a2 = a if a2 is None else a2
-    args = plan.args(a, w, u, a2, a if route_weights is None else route_weights, out, cu_seqlens)
+    gate_out, up_out = (out, out) if saved is None else saved
+    args = plan.args(a, w, u, a2, a if route_weights is None else route_weights, out, gate_out, up_out,
+                     cu_seqlens)
     # The first launch of a plan builds checked descriptors.
-    args[7:12] = [None if geo is None else TensorDescriptor(t, *geo)
-                  for t, geo in zip((a, w, u, a2, out), plan.descs)]
+    args[_FIRST_DESC:_FIRST_DESC + 5] = [None if geo is None else TensorDescriptor(t, *geo)
+                                         for t, geo in zip((a, w, u, a2, out), plan.descs)]
     return _moe_gemm_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
                                        num_stages=plan.num_stages)
 
 
 def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
-                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False, a2=None) -> None:
+                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False, a2=None, saved=None) -> None:
     """Launch with an explicit config (interpreter tests, tuning sweeps)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
-    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2), a, w, w_up, route_weights, cu_seqlens, out,
-            a2)
+    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2, saved), a, w, w_up, route_weights,
+            cu_seqlens, out, a2, saved)
 
 
 _PLANS: dict = {}
 
 
-def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=None) -> None:
+def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=None, saved=None) -> None:
     """The CUDA ops' entry. ``choose(a, w, w_up, a2) -> (GemmConfig, use_tma)`` (a module-level
     function) runs once per static signature and ``mode`` (any hashable, e.g. the portable
     switch); later calls reuse the plan and the compiled kernel (see :mod:`.fast_launch`)."""
@@ -380,19 +405,21 @@ def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=No
     u = w if w_up is None else w_up
     rw = a if route_weights is None else route_weights
     a2_arg = a if a2 is None else a2  # the kernel's a2 argument (unused unless dual)
+    gate_out, up_out = (out, out) if saved is None else saved  # unused unless saving
     key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), a2_arg.stride(), out.stride(), a.dtype,
-           a.device, w_up is None, a2 is None, route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16,
-           u.data_ptr() % 16, a2_arg.data_ptr() % 16, rw.data_ptr() % 16, out.data_ptr() % 16,
-           cu_seqlens.data_ptr() % 16, choose, mode)
+           a.device, w_up is None, a2 is None, route_weights is None, saved is None, a.data_ptr() % 16,
+           w.data_ptr() % 16, u.data_ptr() % 16, a2_arg.data_ptr() % 16, rw.data_ptr() % 16, out.data_ptr() % 16,
+           gate_out.data_ptr() % 16, up_out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode)
     entry = _PLANS.get(key)
     if entry is None:
-        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2)
-        kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a2)
+        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2, saved)
+        kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a2, saved)
         if fast_launch.ENABLED and hasattr(kernel, "run"):
             _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
         return
     plan, kernel, constexpr_values = entry
-    fast_launch.launch_compiled(kernel, plan.grid, plan.args(a, w, u, a2_arg, rw, out, cu_seqlens) + constexpr_values)
+    args = plan.args(a, w, u, a2_arg, rw, out, gate_out, up_out, cu_seqlens)
+    fast_launch.launch_compiled(kernel, plan.grid, args + constexpr_values)
 
 
 def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
@@ -410,3 +437,9 @@ def launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out
                                  use_tma: bool = False) -> None:
     """``out[seg_g] = silu(x @ w_gate[g].T) * (x @ w_up[g].T) * route_weights`` in one pass."""
     launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma)
+
+
+def launch_grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens, act, gate, up,
+                                              cfg: GemmConfig, use_tma: bool = False) -> None:
+    """The fused GEMM that also writes ``gate`` and ``up`` (rounded); ``act`` is computed from them."""
+    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, act, cfg, use_tma, saved=(gate, up))
