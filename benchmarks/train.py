@@ -4,6 +4,8 @@ Paths (same signature ``fn(x, w_gate, w_up, w_down, cu_seqlens, route_weights) -
 
 - ``moonep``: ``moonep_ops.moonep_experts`` as training calls it: gate and up as two grouped GEMMs
   whose outputs autograd saves, ``silu_mul_weight``, the down GEMM.
+- ``moonep_with_gate_up``: the training fused op ``grouped_gemm_silu_mul_with_gate_up`` (one pass
+  over x writes act, gate and up; the backward reuses the saved gate/up), then the down GEMM.
 - ``moonep_recompute``: ``moonep_experts(recompute=True)``: the fused gate/up + activation forward,
   a backward that recomputes gate/up in one fused pass, then one dual dgrad and K-grouped wgrads.
   (Results before 2026-11-30 03:40 UTC call this path ``moonep`` and the first ``moonep_unfused``.)
@@ -72,12 +74,18 @@ def moonep(x, w_gate, w_up, w_down, cu, rw):
     return moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
 
 
+def moonep_with_gate_up(x, w_gate, w_up, w_down, cu, rw):
+    act, _, _ = moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
+    return moonep_ops.grouped_gemm(act, w_down, cu)
+
+
 def moonep_recompute(x, w_gate, w_up, w_down, cu, rw):
     return moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, recompute=True)
 
 
 PATHS = {
     "moonep": moonep,
+    "moonep_with_gate_up": moonep_with_gate_up,
     "moonep_recompute": moonep_recompute,
     "grouped_mm_fn": grouped_mm_fn,
     "grouped_mm_autograd": grouped_mm_autograd,

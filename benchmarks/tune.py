@@ -1,11 +1,11 @@
 """Offline sweep of block configs for the Triton grouped GEMMs (results feed kernels/configs.py).
 
 For each shape of shared/BASELINE.md and each GEMM role of the expert path (fused gate/up,
-down), times every candidate config (portable loads and TMA) by CUDA-graph replay on the
+down, and ``fused_save``: the training fused GEMM that also writes gate and up), times every candidate config (portable loads and TMA) by CUDA-graph replay on the
 real MoonEP-like layout. ``--schedules`` sweeps the Hopper schedule knobs instead (TMA loads
 with TMA stores, a flattened or warp-specialized persistent loop; ``SCHEDULES``), each
 candidate checked against the committed config's output first.
-Usage: python -m benchmarks.tune [--out tune.json] [--schedules] [--paddings 128]
+Usage: python -m benchmarks.tune [--out tune.json] [--schedules] [--paddings 128] [--roles fused,down]
 """
 
 import argparse
@@ -16,7 +16,8 @@ import json
 import torch
 
 from moonep_ops.kernels.configs import GemmConfig
-from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_silu_mul
+from moonep_ops.kernels.triton_grouped_gemm import (launch_grouped_gemm, launch_grouped_gemm_silu_mul,
+                                                    launch_grouped_gemm_silu_mul_with_gate_up)
 
 from .run import _median_graph_ms, environment
 from .shapes import SHAPES, build_problem
@@ -40,10 +41,12 @@ _PLAIN_K, _TS1, _TS2 = {}, {"tma_store": 1}, {"tma_store": 2}
 _FL = {"flatten": True}  # (flatten with tma_store does not compile with Triton 3.6)
 _WS, _WS2 = {"warp_specialize": True}, {"warp_specialize": True, "tma_store": 2}
 # role -> candidates (all TMA-loaded); the first is the reference the others are checked against.
+_FUSED_SCHEDULES = (_variants((128, 128, 64, 8, 4), _PLAIN_K, _TS1, _TS2, _FL, _WS, _WS2)
+                    + _variants((128, 128, 64, 8, 3), _TS1, _FL, _WS, _WS2)
+                    + _variants((128, 64, 64, 8, 4, 2), _PLAIN_K, _TS1))
 SCHEDULES = {
-    "fused": (_variants((128, 128, 64, 8, 4), _PLAIN_K, _TS1, _TS2, _FL, _WS, _WS2)
-              + _variants((128, 128, 64, 8, 3), _TS1, _FL, _WS, _WS2)
-              + _variants((128, 64, 64, 8, 4, 2), _PLAIN_K, _TS1)),
+    "fused": _FUSED_SCHEDULES,
+    "fused_save": _FUSED_SCHEDULES,
     "down": (_variants((128, 256, 64, 8, 4), _PLAIN_K, _TS2, _FL, _WS, _WS2)
              + _variants((128, 256, 64, 8, 3), _TS1, _TS2, _FL, _WS2)
              + _variants((128, 128, 64, 8, 3, 2), _PLAIN_K, _TS1)
@@ -59,6 +62,7 @@ def main(argv=None):
     parser.add_argument("--tma-only", action="store_true")
     parser.add_argument("--schedules", action="store_true", help="sweep SCHEDULES (TMA only)")
     parser.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES")
+    parser.add_argument("--roles", default="fused,down", help="comma-separated: fused, down, fused_save")
     args = parser.parse_args(argv)
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     results = []
@@ -67,11 +71,15 @@ def main(argv=None):
         act = torch.randn(x.shape[0], shape.inter, device="cuda", dtype=torch.bfloat16)
         out_i = torch.empty(x.shape[0], shape.inter, device="cuda", dtype=torch.bfloat16)
         out_h = torch.empty(x.shape[0], shape.hidden, device="cuda", dtype=torch.bfloat16)
+        gate, up = torch.empty_like(out_i), torch.empty_like(out_i)
         roles = {
             "fused": (FUSED, lambda cfg, tma: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, out_i, cfg, tma)),
             "down": (PLAIN, lambda cfg, tma: launch_grouped_gemm(act, wd, cu, out_h, cfg, tma)),
+            "fused_save": (FUSED, lambda cfg, tma: launch_grouped_gemm_silu_mul_with_gate_up(
+                x, wg, wu, rw, cu, out_i, gate, up, cfg, tma)),
         }
-        outs = {"fused": out_i, "down": out_h}
+        roles = {name: roles[name] for name in args.roles.split(",")}
+        outs = {"fused": out_i, "down": out_h, "fused_save": out_i}
         for role, (cands, fn) in roles.items():
             timings = []
             if args.schedules:
@@ -106,7 +114,7 @@ def main(argv=None):
                   f"tma={best['tma']} | 2nd {timings[1]['us']:7.0f}us {timings[1]['cfg']} tma={timings[1]['tma']}",
                   flush=True)
             results.append({"shape": shape.name, "padding": padding, "role": role, "timings": timings})
-        del x, wg, wu, wd, act
+        del x, wg, wu, wd, act, gate, up
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:

@@ -9,7 +9,8 @@
 #   sanitize: compute-sanitizer memcheck + racecheck (scripts/sanitize.sh)
 #   bench:    benchmarks (expert path, training) with JSON and chart
 #   tune:     the backward kernels' config sweep (benchmarks.tune_backward; only when named, not in all)
-#   schedules: the forward kernel's Hopper schedule sweep (benchmarks.tune --schedules; only when named)
+#   schedules: the forward kernel's Hopper schedule sweep (benchmarks.tune --schedules; only when named;
+#             SCHEDULE_ROLES picks roles, e.g. fused_save)
 #   all:      every step (longer than one 10-minute device command: split it across calls)
 # Steps run in the order tests, portable, sanitize, bench, fuzz (the open-ended one last).
 # Results land in $OUT (or ./gpu_out): junit XML, logs, benchmark JSON and PNG, summary.txt.
@@ -76,7 +77,7 @@ if want bench; then
 fi
 if [[ "$steps" == *" schedules "* ]]; then
   timeout ${SCHEDULES_TIMEOUT:-330} python3 -m benchmarks.tune --schedules --paddings ${PADDINGS:-128} \
-    --out "$OUT/tune_schedules.json" 2>&1 | tee "$OUT/tune_schedules.log" | grep -v "^  " | tail -n 24
+    ${SCHEDULE_ROLES:+--roles $SCHEDULE_ROLES} --out "$OUT/tune_schedules.json" 2>&1 | tee "$OUT/tune_schedules.log" | grep -v "^  " | tail -n 24
   rc=${PIPESTATUS[0]}
   echo "tune --schedules rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
