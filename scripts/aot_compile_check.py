@@ -1,0 +1,218 @@
+"""Compile every Triton kernel variant the ops can launch, for real GPU targets, on a machine
+without a GPU (CI): a kernel that does not compile, or does not fit a target's shared memory,
+fails here instead of on the first user's GPU.
+
+How: the registered CUDA functions of the ops (``moonep_ops.kernels.cuda`` and
+``cuda_backward``) run on CPU tensors with the device capability forced to each target, so the
+config tables and the TMA/portable choices are exactly the ones a GPU of that capability
+takes; ``JITFunction.run`` is replaced by an ahead-of-time ``triton.compile`` for that target
+(Triton's own specialization of the arguments, nothing launched). Shapes cover every branch of
+the config tables (see ``PROBLEMS``), with and without route weights, the in-register and the
+chunked ``cu_seqlens`` scan, bf16/fp16/fp32, and ``MOONEP_OPS_PORTABLE=1`` on sm90.
+
+Per unique variant: shared memory (against the target's per-block limit), registers and spill
+stores (from the cubin, via the ``cuobjdump`` bundled with Triton). Exit code 1 on any compile
+error or shared-memory overflow; spills are reported, not fatal.
+
+    python scripts/aot_compile_check.py [--targets 90,80,86] [--dtypes bf16,fp16,fp32] [--json out.json]
+    python scripts/aot_compile_check.py --selftest   # the checker flags an oversized config
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime import jit as triton_jit  # noqa: E402
+
+import moonep_ops  # noqa: E402,F401  (registers the ops)
+from moonep_ops.kernels import cuda, cuda_backward  # noqa: E402
+
+# Opt-in shared memory per block (bytes): H100/H200, A100, and the consumer/Ada parts.
+SMEM_LIMIT = {90: 232448, 80: 166912, 86: 101376, 89: 101376}
+
+# (name, rows, K, N, G): each hits a different branch of configs.py / configs_backward.py.
+PROBLEMS = [
+    ("long, compute-bound (warp-specialized)", 32768, 4096, 2048, 8),
+    ("long reduction (K = 8192)", 4096, 8192, 512, 4),
+    ("short (flattened loop)", 4096, 1024, 768, 16),
+    ("many groups (chunked scan)", 2048, 256, 128, 1100),
+]
+
+
+class Compiler:
+    """Replaces ``JITFunction.run``: compile for ``target`` and record, never launch."""
+
+    def __init__(self, target: GPUTarget):
+        self.target = target
+        self.backend = make_backend(target)
+        self.binders = {}
+        self.variants = {}  # key -> record
+
+    def run(self, fn, *args, grid, warmup, **kwargs):
+        binder = self.binders.get(fn)
+        if binder is None:
+            binder = self.binders[fn] = triton_jit.create_function_from_signature(fn.signature, fn.params,
+                                                                                  self.backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(self.backend, kwargs, bound, specialization, options)
+        consts = {fn.arg_names[path[0]]: value for path, value in constexprs.items() if len(path) == 1}
+        key = (fn.fn.__name__, repr(sorted(signature.items())), repr(sorted(consts.items(), key=str)),
+               options.num_warps, options.num_stages)
+        if key in self.variants:
+            return None
+        record = {"kernel": fn.fn.__name__, "target": f"sm{self.target.arch}", "num_warps": options.num_warps,
+                  "num_stages": options.num_stages,
+                  "constexprs": {k: v for k, v in consts.items() if k.isupper() and not k.startswith("stride")}}
+        start = time.time()
+        try:
+            compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=self.target,
+                                      options=options.__dict__)
+            record.update(shared=compiled.metadata.shared, **_resource_usage(compiled.asm.get("cubin")))
+        except Exception as exc:  # the failure is the finding
+            record["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+        record["compile_s"] = round(time.time() - start, 2)
+        self.variants[key] = record
+        return None  # no launch; the launchers' caches see no runnable kernel and keep nothing
+
+
+def _resource_usage(cubin) -> dict:
+    """Registers and spill stores of a cubin, read by Triton's bundled cuobjdump."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not cubin or not os.path.exists(tool):
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", text)
+    stack = re.search(r"STACK:(\d+)", text)
+    return {"registers": int(regs.group(1)) if regs else None, "stack_bytes": int(stack.group(1)) if stack else None}
+
+
+@contextlib.contextmanager
+def forced_capability(capability, compiler: Compiler, portable: bool):
+    """The ops' CUDA functions see ``capability`` for CPU tensors; Triton compiles instead of launching."""
+    saved = (cuda.capability_of, cuda_backward.capability_of, triton_jit.JITFunction.run,
+             os.environ.get("MOONEP_OPS_PORTABLE"))
+    cuda.capability_of = cuda_backward.capability_of = lambda t: capability
+    triton_jit.JITFunction.run = lambda fn, *args, **kwargs: compiler.run(fn, *args, **kwargs)
+    os.environ["MOONEP_OPS_PORTABLE"] = "1" if portable else "0"
+    try:
+        yield
+    finally:
+        cuda.capability_of, cuda_backward.capability_of, triton_jit.JITFunction.run, portable_env = saved
+        if portable_env is None:
+            os.environ.pop("MOONEP_OPS_PORTABLE", None)
+        else:
+            os.environ["MOONEP_OPS_PORTABLE"] = portable_env
+
+
+def _empty(*shape, dtype):
+    return torch.empty(shape, dtype=dtype)  # never read: nothing is launched
+
+
+def run_all_ops(rows, k, n, g, dtype) -> None:
+    """Every CUDA op function once with and once without route weights (x [rows, k], weights [g, n, k])."""
+    cu = torch.linspace(rows // (2 * g), rows // 2, g).to(torch.int32)  # ends <= rows: a tail
+    x, grad_k = _empty(rows, k, dtype=dtype), _empty(rows, k, dtype=dtype)
+    w_gate, w_up, w_down = _empty(g, n, k, dtype=dtype), _empty(g, n, k, dtype=dtype), _empty(g, k, n, dtype=dtype)
+    gate, up, grad_n = _empty(rows, n, dtype=dtype), _empty(rows, n, dtype=dtype), _empty(rows, n, dtype=dtype)
+    for rw in (torch.empty(rows, dtype=torch.float32), None):
+        cuda.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
+        cuda.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
+        cuda.silu_mul_weight(gate, up, rw, cu)
+        cuda_backward.silu_mul_weight_backward(grad_n, gate, up, rw, cu)
+        cuda_backward.grouped_gemm_silu_mul_backward(grad_n, x, w_gate, w_up, rw, cu)
+    cuda.grouped_gemm(gate, w_down, cu)  # the down GEMM: [rows, n] x [g, k, n]
+    cuda.grouped_gemm(x, w_gate, cu)
+    cuda.grouped_gemm_out(x, w_gate, cu, _empty(rows, n, dtype=dtype))
+    cuda_backward.grouped_gemm_dgrad(grad_n, w_gate, cu)
+    cuda_backward.grouped_gemm_dgrad(grad_k, w_down, cu)
+    cuda_backward.grouped_gemm_dual_dgrad(grad_n, grad_n, w_gate, w_up, cu)
+    cuda_backward.grouped_gemm_wgrad(grad_n, x, cu)
+    cuda_backward.grouped_gemm_wgrad(grad_k, gate, cu)
+
+
+def check_target(arch: int, dtypes, portable: bool) -> list:
+    capability = (arch // 10, arch % 10)
+    compiler = Compiler(GPUTarget("cuda", arch, 32))
+    with forced_capability(capability, compiler, portable):
+        for _, rows, k, n, g in PROBLEMS:
+            for dtype in dtypes:
+                run_all_ops(rows, k, n, g, dtype)
+    records = list(compiler.variants.values())
+    for r in records:
+        r["portable"] = portable
+    return records
+
+
+def _report(records) -> int:
+    failures = 0
+    for r in records:
+        limit = SMEM_LIMIT.get(int(r["target"][2:]))
+        if "error" not in r and limit is not None and r["shared"] > limit:
+            r["error"] = f"shared memory {r['shared']} B > {limit} B per block on {r['target']}"
+        failures += "error" in r
+        knobs = " ".join(f"{k}={v}" for k, v in r["constexprs"].items())
+        status = f"FAIL {r['error']}" if "error" in r else (
+            f"smem {r['shared']:>6} B  regs {r.get('registers')}  stack {r.get('stack_bytes')} B")
+        print(f"{r['target']}{' portable' if r.get('portable') else ''} {r['kernel']} w{r['num_warps']} "
+              f"s{r['num_stages']} [{knobs}]: {status}", flush=True)
+    print(f"# {len(records)} variants, {failures} failed")
+    return failures
+
+
+def selftest() -> int:
+    """A config too large for sm90's shared memory (5 stages of 256x256x128 tiles) must be flagged."""
+    from moonep_ops.kernels.configs import GemmConfig
+    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm
+
+    compiler = Compiler(GPUTarget("cuda", 90, 32))
+    a, w = _empty(1024, 1024, dtype=torch.bfloat16), _empty(4, 512, 1024, dtype=torch.bfloat16)
+    cu = torch.tensor([256, 512, 768, 1024], dtype=torch.int32)
+    with forced_capability((9, 0), compiler, portable=False):
+        launch_grouped_gemm(a, w, cu, _empty(1024, 512, dtype=torch.bfloat16), GemmConfig(256, 256, 128, 8, 5),
+                            use_tma=True)
+    flagged = _report(list(compiler.variants.values()))
+    print("selftest:", "ok (flagged)" if flagged == 1 else "FAILED: the oversized config was not flagged")
+    return 0 if flagged == 1 else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--targets", default="90,80,86")
+    parser.add_argument("--dtypes", default="bf16,fp16,fp32")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--selftest", action="store_true")
+    args = parser.parse_args(argv)
+    if args.selftest:
+        return selftest()
+    dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[d]
+              for d in args.dtypes.split(",")]
+    print(f"# triton {triton.__version__}, torch {torch.__version__}")
+    records = []
+    for arch in (int(t) for t in args.targets.split(",")):
+        for portable in ((False, True) if arch >= 90 else (False,)):
+            records += check_target(arch, dtypes, portable)
+    failures = _report(records)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"triton": triton.__version__, "torch": torch.__version__, "variants": records}, f, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
