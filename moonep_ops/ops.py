@@ -69,9 +69,10 @@ def grouped_gemm_silu_mul_with_gate_up(x: torch.Tensor, w_gate: torch.Tensor, w_
 
     One pass over ``x`` as in :func:`grouped_gemm_silu_mul`, but gate and up are also written
     (rounded to ``x``'s dtype) and ``act = silu(gate) * up * route_weights[:, None]`` is
-    computed from those rounded values, so the three outputs are exactly what
-    ``grouped_gemm`` twice and ``silu_mul_weight`` give, and the backward reuses the saved
-    gate and up instead of recomputing them. Rows at or past ``cu_seqlens[-1]`` are zero.
+    computed from those rounded values, as ``silu_mul_weight`` would: the three outputs are
+    what ``grouped_gemm`` twice and ``silu_mul_weight`` give (bitwise on CPU; on CUDA up to the
+    GEMM tiles' accumulation order), and the backward reuses the saved gate and up instead of
+    recomputing them. Rows at or past ``cu_seqlens[-1]`` are zero.
     """
     return _grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
 

@@ -105,3 +105,15 @@ def test_float64_on_cpu_only_for_gradcheck(device):
         a, w, cu = grouped_gemm_inputs(layout, torch.float64, device)
         with pytest.raises(RuntimeError, match="a has dtype torch.float64"):
             moonep_ops.grouped_gemm(a, w, cu)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_grouped_gemm_silu_mul_with_gate_up_is_the_unfused_ops_on_cpu(dtype):
+    """On CPU the training fused op is bitwise two grouped_gemm calls and silu_mul_weight (its
+    docstring's promise; on CUDA the tiles' accumulation order may differ)."""
+    layout = next(lay for lay in LAYOUTS if lay.name == "moonep_padded")
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, dtype)
+    act, gate, up = moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
+    assert torch.equal(gate, moonep_ops.grouped_gemm(x, w_gate, cu))
+    assert torch.equal(up, moonep_ops.grouped_gemm(x, w_up, cu))
+    assert torch.equal(act, moonep_ops.silu_mul_weight(gate, up, rw, cu))

@@ -77,7 +77,7 @@ def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
 
 def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens):
     """Gate and up as two grouped GEMMs (rounded to x's dtype), then the activation of those
-    rounded values: exactly what the unfused ops give."""
+    rounded values: bitwise what the unfused ops give."""
     name = "grouped_gemm_silu_mul_with_gate_up"
     _checks.check_grouped_gemm_silu_mul(name, x, w_gate, w_up, route_weights, cu_seqlens)
     _checks.check_cu_seqlens_values(name, cu_seqlens, x.shape[0])
