@@ -146,6 +146,15 @@ def _with_gate_up_all(x, w_gate, w_up, rw, cu):
     return torch.cat(moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu), dim=1)
 
 
+def _with_gate_up_gate_only(x, w_gate, w_up, rw, cu):
+    # A loss on gate alone: act gets no gradient, up's is None (the backward pairs it with zeros).
+    return moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)[1]
+
+
+def _ref_gate(x, w_gate, w_up, rw, cu):
+    return ref_grouped_gemm(x, w_gate, cu) + 0 * ref_grouped_gemm(x, w_up, cu)  # w_up: a zero gradient
+
+
 def experts_with_gate_up(x, w_gate, w_up, w_down, cu, rw):
     """The expert layer over the training fused op (what a user's training loop would write)."""
     act, _, _ = moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
@@ -162,6 +171,7 @@ CASES = [
     Case("with_gate_up_act", _with_gate_up_act, ref_grouped_gemm_silu_mul, _fused_args(True)),
     Case("with_gate_up_act_no_weights", _with_gate_up_act, ref_grouped_gemm_silu_mul, _fused_args(False)),
     Case("with_gate_up_all", _with_gate_up_all, ref_gate_up_act, _fused_args(True)),
+    Case("with_gate_up_gate_only", _with_gate_up_gate_only, _ref_gate, _fused_args(False)),
     Case("moonep_experts", moonep_ops.moonep_experts, ref_experts, _experts_args(True)),
     Case("moonep_experts_no_weights", moonep_ops.moonep_experts, ref_experts, _experts_args(False)),
     Case("moonep_experts_recompute", functools.partial(moonep_ops.moonep_experts, recompute=True), ref_experts,
