@@ -93,7 +93,8 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     with one dual dgrad for ``dx`` in the backward;
     ``recompute=True`` keeps the fused forward and recomputes gate/up in the backward (no
     saved activations, slower: 0.98x vs 1.20x of ``torch._grouped_mm`` on the H200,
-    ``benchmarks/results/train_h200.json``).
+    ``benchmarks/results/train_h200.json``). :func:`grouped_gemm_silu_mul_with_gate_up` is
+    the saved path in one fused kernel (not yet timed on a GPU, hence not the default here).
     """
     if not recompute and _needs_grad(x, w_gate, w_up, route_weights):
         # The fused op's checks first, so that bad input reads the same with and without grad

@@ -73,7 +73,9 @@ class Compiler:
                options.num_warps, options.num_stages)
         if key in self.variants:
             return None
-        record = {"kernel": fn.fn.__name__, "target": f"sm{self.target.arch}", "num_warps": options.num_warps,
+        dtype = next((t[1:] for t in signature.values() if isinstance(t, str) and t.startswith("*")), "?")
+        record = {"kernel": fn.fn.__name__, "target": f"sm{self.target.arch}", "dtype": dtype,
+                  "num_warps": options.num_warps,
                   "num_stages": options.num_stages,
                   "constexprs": {k: v for k, v in consts.items() if k.isupper() and not k.startswith("stride")}}
         start = time.time()
@@ -169,7 +171,7 @@ def _report(records) -> int:
         knobs = " ".join(f"{k}={v}" for k, v in r["constexprs"].items())
         status = f"FAIL {r['error']}" if "error" in r else (
             f"smem {r['shared']:>6} B  regs {r.get('registers')}  stack {r.get('stack_bytes')} B")
-        print(f"{r['target']}{' portable' if r.get('portable') else ''} {r['kernel']} w{r['num_warps']} "
+        print(f"{r['target']}{' portable' if r.get('portable') else ''} {r['kernel']} {r['dtype']} w{r['num_warps']} "
               f"s{r['num_stages']} [{knobs}]: {status}", flush=True)
     print(f"# {len(records)} variants, {failures} failed")
     return failures
