@@ -11,8 +11,11 @@ the config tables (see ``PROBLEMS``), with and without route weights, the in-reg
 chunked ``cu_seqlens`` scan, bf16/fp16/fp32, and ``MOONEP_OPS_PORTABLE=1`` on sm90.
 
 Per unique variant: shared memory (against the target's per-block limit), registers and spill
-stores (from the cubin, via the ``cuobjdump`` bundled with Triton). Exit code 1 on any compile
-error or shared-memory overflow; spills are reported, not fatal.
+stores, and the tensor-core instructions of the machine code (from the cubin, via the
+``cuobjdump`` bundled with Triton): a bf16/fp16 GEMM kernel must use ``HGMMA`` (wgmma) on sm90
+and ``HMMA`` (mma.sync) on sm80/sm86, so a Triton or config change that silently drops to a
+slower instruction path fails here. Exit code 1 on any compile error, shared-memory overflow or
+missing tensor-core path; spills are reported, not fatal.
 
     python scripts/aot_compile_check.py [--targets 90,80,86] [--dtypes bf16,fp16,fp32] [--json out.json]
     python scripts/aot_compile_check.py --selftest   # the checker flags an oversized config
@@ -91,7 +94,8 @@ class Compiler:
 
 
 def _resource_usage(cubin) -> dict:
-    """Registers and spill stores of a cubin, read by Triton's bundled cuobjdump."""
+    """Registers, spill stack and tensor-core instruction counts of a cubin, read by Triton's
+    bundled cuobjdump."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not cubin or not os.path.exists(tool):
         return {}
@@ -99,9 +103,24 @@ def _resource_usage(cubin) -> dict:
         f.write(cubin)
         f.flush()
         text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True).stdout
     regs = re.search(r"REG:(\d+)", text)
     stack = re.search(r"STACK:(\d+)", text)
-    return {"registers": int(regs.group(1)) if regs else None, "stack_bytes": int(stack.group(1)) if stack else None}
+    return {"registers": int(regs.group(1)) if regs else None, "stack_bytes": int(stack.group(1)) if stack else None,
+            "hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass))}
+
+
+# The GEMM kernels (tl.dot): bf16/fp16 operands must reach the tensor cores.
+GEMM_KERNELS = ("_moe_gemm_kernel", "_grouped_gemm_wgrad_kernel", "_grouped_gemm_silu_mul_backward_kernel")
+
+
+def _tensor_core_error(r):
+    if r["kernel"] not in GEMM_KERNELS or r["dtype"] not in ("bf16", "fp16") or "hgmma" not in r:
+        return None
+    want = "hgmma" if r["target"] == "sm90" else "hmma"
+    if r[want] == 0:
+        return f"no {want.upper()} instruction: the GEMM does not use the {r['target']} tensor-core path"
+    return None
 
 
 @contextlib.contextmanager
@@ -167,10 +186,13 @@ def _report(records) -> int:
         limit = SMEM_LIMIT.get(int(r["target"][2:]))
         if "error" not in r and limit is not None and r["shared"] > limit:
             r["error"] = f"shared memory {r['shared']} B > {limit} B per block on {r['target']}"
+        if "error" not in r and _tensor_core_error(r):
+            r["error"] = _tensor_core_error(r)
         failures += "error" in r
         knobs = " ".join(f"{k}={v}" for k, v in r["constexprs"].items())
         status = f"FAIL {r['error']}" if "error" in r else (
-            f"smem {r['shared']:>6} B  regs {r.get('registers')}  stack {r.get('stack_bytes')} B")
+            f"smem {r['shared']:>6} B  regs {r.get('registers')}  stack {r.get('stack_bytes')} B  "
+            f"hgmma {r.get('hgmma')} hmma {r.get('hmma')}")
         print(f"{r['target']}{' portable' if r.get('portable') else ''} {r['kernel']} {r['dtype']} w{r['num_warps']} "
               f"s{r['num_stages']} [{knobs}]: {status}", flush=True)
     print(f"# {len(records)} variants, {failures} failed")
@@ -190,7 +212,15 @@ def selftest() -> int:
                             use_tma=True)
     flagged = _report(list(compiler.variants.values()))
     print("selftest:", "ok (flagged)" if flagged == 1 else "FAILED: the oversized config was not flagged")
-    return 0 if flagged == 1 else 1
+    # The tensor-core rule on records like the ones above: sm90 wants HGMMA, sm86 HMMA.
+    record = {"kernel": "_moe_gemm_kernel", "dtype": "bf16", "target": "sm90", "hgmma": 0, "hmma": 16}
+    rules_ok = (_tensor_core_error(record) is not None
+                and _tensor_core_error(dict(record, hgmma=8)) is None
+                and _tensor_core_error(dict(record, target="sm86")) is None
+                and _tensor_core_error(dict(record, target="sm86", hmma=0, hgmma=8)) is not None
+                and _tensor_core_error(dict(record, dtype="fp32", hmma=0)) is None)
+    print("selftest: tensor-core rule", "ok" if rules_ok else "FAILED")
+    return 0 if flagged == 1 and rules_ok else 1
 
 
 def main(argv=None) -> int:
