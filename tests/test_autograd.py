@@ -13,10 +13,6 @@
 
 import dataclasses
 import functools
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,6 +20,7 @@ import torch
 import moonep_ops
 from moonep_ops._library import op
 
+from . import subprocess_jobs
 from .conftest import DEVICES, HAS_CUDA
 from .layouts import LAYOUT_IDS, LAYOUTS, Layout, experts_inputs, fill_tail_nan
 from .reference import TOLERANCE, rel_err, row_groups
@@ -627,19 +624,16 @@ def test_wgrad_large_sizes_no_int32_overflow():
 
 # --- the backward Triton kernels under TRITON_INTERPRET=1 ------------------------------------
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
+@pytest.mark.subprocess_job("interpreter_backward")
 def test_backward_triton_kernels_under_interpreter():
+    # A subprocess (TRITON_INTERPRET must be set before Triton is imported), run in the background
+    # beside the rest of the suite (tests/subprocess_jobs.py).
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/interpreter_backward_cases.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )
-    print(proc.stdout[-4000:])
-    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
-    assert " passed" in proc.stdout and " skipped" not in proc.stdout.splitlines()[-1]
+    returncode, output = subprocess_jobs.result("interpreter_backward")
+    print(output[-4000:])
+    assert returncode == 0, output[-12000:]
+    last = output.strip().splitlines()[-1]
+    assert " passed" in last and " skipped" not in last
 
 
 # --- argument checks of the backward ops: eager and fake raise the same message --------------

@@ -2,26 +2,20 @@
 
 CI has no GPU, so this is where a kernel regression shows up first. The cases live in
 ``interpreter_cases.py`` and run in a subprocess, because the variable must be set before
-Triton is imported (its standard-library ``@jit`` helpers choose the interpreter then).
+Triton is imported (its standard-library ``@jit`` helpers choose the interpreter then); the
+subprocess runs in the background while the rest of the suite runs (tests/subprocess_jobs.py).
 """
-
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
+from . import subprocess_jobs
+
 pytest.importorskip("triton")
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-
+@pytest.mark.subprocess_job("interpreter_forward")
 def test_triton_kernels_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/interpreter_cases.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
-    )
-    print(proc.stdout[-4000:])
-    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
+    returncode, output = subprocess_jobs.result("interpreter_forward")
+    print(output[-4000:])
+    assert returncode == 0, output[-12000:]
+    assert " passed" in output.strip().splitlines()[-1]
