@@ -90,6 +90,15 @@ def _silu_mul_weight_backward_fn(ctx, grad):
 
 # grouped_gemm_silu_mul ------------------------------------------------------------------
 
+def _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens):
+    """``(dx, d w_gate, d w_up)`` of the gate/up projections from their output gradients, each
+    only if ``need`` (the first three of ``ctx.needs_input_grad``) asks: one dual dgrad, two wgrads."""
+    dx = _grouped_gemm_dual_dgrad(d_gate, d_up, w_gate, w_up, cu_seqlens) if need[0] else None
+    dw_gate = _grouped_gemm_wgrad(d_gate, x, cu_seqlens) if need[1] else None
+    dw_up = _grouped_gemm_wgrad(d_up, x, cu_seqlens) if need[2] else None
+    return dx, dw_gate, dw_up
+
+
 def _fused_setup(ctx, inputs, output):
     x, w_gate, w_up, route_weights, cu_seqlens = inputs
     ctx.save_for_backward(x, w_gate, w_up, route_weights, cu_seqlens)
@@ -100,9 +109,7 @@ def _fused_backward(ctx, grad):
     _no_double_backward("grouped_gemm_silu_mul", grad, x, w_gate, w_up, route_weights)
     d_gate, d_up, d_rw = _grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens)
     need = ctx.needs_input_grad
-    dx = _grouped_gemm_dual_dgrad(d_gate, d_up, w_gate, w_up, cu_seqlens) if need[0] else None
-    dw_gate = _grouped_gemm_wgrad(d_gate, x, cu_seqlens) if need[1] else None
-    dw_up = _grouped_gemm_wgrad(d_up, x, cu_seqlens) if need[2] else None
+    dx, dw_gate, dw_up = _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens)
     drw = d_rw if route_weights is not None and need[3] else None
     return dx, dw_gate, dw_up, drw, None
 
@@ -135,9 +142,7 @@ def _fused_saved_backward(ctx, d_act, d_gate_direct, d_up_direct):
     # pairs with zeros.
     d_gate = torch.zeros_like(gate) if d_gate is None else d_gate
     d_up = torch.zeros_like(up) if d_up is None else d_up
-    dx = _grouped_gemm_dual_dgrad(d_gate, d_up, w_gate, w_up, cu_seqlens) if need[0] else None
-    dw_gate = _grouped_gemm_wgrad(d_gate, x, cu_seqlens) if need[1] else None
-    dw_up = _grouped_gemm_wgrad(d_up, x, cu_seqlens) if need[2] else None
+    dx, dw_gate, dw_up = _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens)
     return dx, dw_gate, dw_up, drw, None
 
 
@@ -166,9 +171,7 @@ class _GateUp(torch.autograd.Function):
         x, w_gate, w_up, cu_seqlens = ctx.saved_tensors
         _no_double_backward("grouped_gemm", d_gate, d_up, x, w_gate, w_up)
         need = ctx.needs_input_grad
-        dx = _grouped_gemm_dual_dgrad(d_gate, d_up, w_gate, w_up, cu_seqlens) if need[0] else None
-        dw_gate = _grouped_gemm_wgrad(d_gate, x, cu_seqlens) if need[1] else None
-        dw_up = _grouped_gemm_wgrad(d_up, x, cu_seqlens) if need[2] else None
+        dx, dw_gate, dw_up = _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens)
         return dx, dw_gate, dw_up, None
 
 

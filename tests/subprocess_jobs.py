@@ -88,11 +88,12 @@ def available() -> bool:
 
 def prestart(names) -> None:
     """Run the named jobs on ``WORKERS`` background threads, taken in ``JOBS`` order."""
-    pending = queue.SimpleQueue()
+    pending, wanted = queue.SimpleQueue(), set(names)
     with _lock:
         for name in JOBS:
-            if name in set(names) and name not in _jobs:
-                pending.put(_jobs.setdefault(name, _Job(name)))
+            if name in wanted and name not in _jobs:
+                _jobs[name] = _Job(name)
+                pending.put(_jobs[name])
 
     def work():
         while True:
@@ -110,11 +111,9 @@ def result(name):
     """``(returncode, output)`` of job ``name``: waits for the background run, or runs it now."""
     with _lock:
         job = _jobs.get(name)
-        if job is None:
+        run_here = job is None
+        if run_here:
             job = _jobs[name] = _Job(name)
-            run_here = True
-        else:
-            run_here = False
     if run_here:
         job.run()
     if not job.done.wait(timeout=_WAIT_S):

@@ -48,6 +48,11 @@ def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
     _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
     _checks.check_cu_seqlens_values("silu_mul_weight", cu_seqlens, gate.shape[0])
+    return silu_mul_weight_unchecked(gate, up, route_weights, cu_seqlens)
+
+
+def silu_mul_weight_unchecked(gate, up, route_weights, cu_seqlens):
+    """``silu(gate) * up * rw`` on the live rows, zeros in the tail (arguments already checked)."""
     acc = _checks.accum_dtype(gate.dtype)
     end = int(cu_seqlens[-1])
     out = torch.zeros_like(gate, memory_format=torch.contiguous_format)
@@ -86,7 +91,7 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
     up = torch.empty(shape, dtype=x.dtype, device=x.device)
     grouped_gemm_into(x, w_gate, cu_seqlens, gate)
     grouped_gemm_into(x, w_up, cu_seqlens, up)
-    return silu_mul_weight(gate, up, route_weights, cu_seqlens), gate, up
+    return silu_mul_weight_unchecked(gate, up, route_weights, cu_seqlens), gate, up
 
 
 lib.impl("grouped_gemm", grouped_gemm, "CPU")
