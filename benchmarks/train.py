@@ -2,13 +2,16 @@
 
 Paths (same signature ``fn(x, w_gate, w_up, w_down, cu_seqlens, route_weights) -> out``):
 
-- ``moonep``: ``moonep_ops.moonep_experts`` as training calls it: gate and up as two grouped GEMMs
-  whose outputs autograd saves, ``silu_mul_weight``, the down GEMM.
-- ``moonep_with_gate_up``: the training fused op ``grouped_gemm_silu_mul_with_gate_up`` (one pass
-  over x writes act, gate and up; the backward reuses the saved gate/up), then the down GEMM.
+- ``moonep``: ``moonep_ops.moonep_experts`` as training calls it: the training fused op
+  ``grouped_gemm_silu_mul_with_gate_up`` (one pass over x writes act, gate and up; the backward
+  reuses the saved gate/up, one dual dgrad for dx), then the down GEMM.
+- ``moonep_unfused``: the same from the public single ops: ``grouped_gemm`` twice,
+  ``silu_mul_weight``, ``grouped_gemm``, each with its own derivative (dx as two dgrads and an add).
 - ``moonep_recompute``: ``moonep_experts(recompute=True)``: the fused gate/up + activation forward,
   a backward that recomputes gate/up in one fused pass, then one dual dgrad and K-grouped wgrads.
-  (Results before 2026-11-30 03:40 UTC call this path ``moonep`` and the first ``moonep_unfused``.)
+  (Results before 2026-11-30 03:40 UTC call this path ``moonep`` and the first ``moonep_unfused``;
+  results before 2026-11-30 10:00 UTC call the first path ``moonep_with_gate_up``, and ``moonep``
+  there is gate/up as two grouped GEMMs with a dual dgrad.)
 - ``grouped_mm_fn``: what torchtitan/Megatron-style integrations hand-write: an
   ``autograd.Function`` over ``torch._grouped_mm`` (dA = dOut @ W, dW = K-grouped
   ``_grouped_mm(dOut^T, A, offs)``), eager ``silu``/``mul`` under autograd.
@@ -74,9 +77,9 @@ def moonep(x, w_gate, w_up, w_down, cu, rw):
     return moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
 
 
-def moonep_with_gate_up(x, w_gate, w_up, w_down, cu, rw):
-    act, _, _ = moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
-    return moonep_ops.grouped_gemm(act, w_down, cu)
+def moonep_unfused(x, w_gate, w_up, w_down, cu, rw):
+    gate, up = moonep_ops.grouped_gemm(x, w_gate, cu), moonep_ops.grouped_gemm(x, w_up, cu)
+    return moonep_ops.grouped_gemm(moonep_ops.silu_mul_weight(gate, up, rw, cu), w_down, cu)
 
 
 def moonep_recompute(x, w_gate, w_up, w_down, cu, rw):
@@ -85,7 +88,7 @@ def moonep_recompute(x, w_gate, w_up, w_down, cu, rw):
 
 PATHS = {
     "moonep": moonep,
-    "moonep_with_gate_up": moonep_with_gate_up,
+    "moonep_unfused": moonep_unfused,
     "moonep_recompute": moonep_recompute,
     "grouped_mm_fn": grouped_mm_fn,
     "grouped_mm_autograd": grouped_mm_autograd,

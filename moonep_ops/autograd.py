@@ -14,11 +14,6 @@
   fused forward that keeps gate and up for the backward (no recompute): ``d act`` goes through
   ``silu_mul_weight_backward`` on the saved gate/up, plus any gradient that gate or up receive
   directly (usually none: then no add), then one dual dgrad and two wgrads, as above.
-- ``gate_up_projections(x, w_gate, w_up, cu)`` (Python, an ``autograd.Function`` over two
-  ``grouped_gemm`` calls: what ``moonep_experts`` trains with by default): autograd saves gate and
-  up for ``silu_mul_weight``; the backward is ``dx = d_gate @ w_gate[g] + d_up @ w_up[g]`` in one
-  pass (``grouped_gemm_dual_dgrad``: no second ``[NvS, H]`` gradient and no add) and two
-  ``grouped_gemm_wgrad``.
 - ``cu_seqlens`` gets no gradient.
 - ``grouped_gemm_out`` is not differentiable: it raises if asked to record gradients.
 - The backward ops themselves are registered as non-differentiable; a double backward
@@ -32,7 +27,6 @@ import torch
 
 from ._library import NAMESPACE, lib, op
 
-_grouped_gemm = op("grouped_gemm")
 _grouped_gemm_dgrad = op("grouped_gemm_dgrad")
 _grouped_gemm_dual_dgrad = op("grouped_gemm_dual_dgrad")
 _grouped_gemm_wgrad = op("grouped_gemm_wgrad")
@@ -150,34 +144,6 @@ def _add_grads(a, b):
     if a is None:
         return b
     return a if b is None else a + b
-
-
-class _GateUp(torch.autograd.Function):
-    """``(x @ w_gate[g].T, x @ w_up[g].T)`` per segment, with one dual dgrad for ``dx``."""
-
-    @staticmethod
-    def forward(x, w_gate, w_up, cu_seqlens):
-        return _grouped_gemm(x, w_gate, cu_seqlens), _grouped_gemm(x, w_up, cu_seqlens)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, w_gate, w_up, cu_seqlens = inputs
-        need_x, need_wg, need_wu = ctx.needs_input_grad[:3]
-        ctx.save_for_backward(x if need_wg or need_wu else None, w_gate if need_x else None,
-                              w_up if need_x else None, cu_seqlens)
-
-    @staticmethod
-    def backward(ctx, d_gate, d_up):
-        x, w_gate, w_up, cu_seqlens = ctx.saved_tensors
-        _no_double_backward("grouped_gemm", d_gate, d_up, x, w_gate, w_up)
-        need = ctx.needs_input_grad
-        dx, dw_gate, dw_up = _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens)
-        return dx, dw_gate, dw_up, None
-
-
-def gate_up_projections(x, w_gate, w_up, cu_seqlens):
-    """Gate and up projections of the experts as two saved ``[NvS, I]`` outputs (training)."""
-    return _GateUp.apply(x, w_gate, w_up, cu_seqlens)
 
 
 torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm", _grouped_gemm_backward,

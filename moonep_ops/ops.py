@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from . import _checks, autograd
+from . import _checks
 from ._library import op
 
 # Resolved once: attribute lookups on torch.ops cost host time on every call.
@@ -88,13 +88,12 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     ``cu_seqlens[-1]`` are zero.
 
     Without autograd (inference) gate/up and the activation are one fused GEMM. When a gradient
-    is needed, ``recompute=False`` (default) runs gate and up as two grouped GEMMs whose
-    outputs (in x's dtype) autograd saves (as torchtitan-style training does; 2 x ``[NvS, I]``),
-    with one dual dgrad for ``dx`` in the backward;
-    ``recompute=True`` keeps the fused forward and recomputes gate/up in the backward (no
-    saved activations, slower: 0.98x vs 1.20x of ``torch._grouped_mm`` on the H200,
-    ``benchmarks/results/train_h200.json``). :func:`grouped_gemm_silu_mul_with_gate_up` is
-    the saved path in one fused kernel (not yet timed on a GPU, hence not the default here).
+    is needed, ``recompute=False`` (default) runs :func:`grouped_gemm_silu_mul_with_gate_up`: the
+    same fused GEMM, which also writes gate and up (in x's dtype) for autograd to save, as
+    torchtitan-style training does (2 x ``[NvS, I]``); the backward reuses them, with one dual
+    dgrad for ``dx``. ``recompute=True`` saves neither and recomputes gate/up in the backward
+    (less activation memory, slower). On the H200 (``benchmarks/results/train_h200.json``):
+    1.21x and 0.98x the speed of an autograd function over ``torch._grouped_mm``.
     """
     if not recompute and _needs_grad(x, w_gate, w_up, route_weights):
         # The fused op's checks first, so that bad input reads the same with and without grad
@@ -102,8 +101,7 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
         if not torch.compiler.is_compiling():
             _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights,
                                                 cu_seqlens)
-        gate, up = autograd.gate_up_projections(x, w_gate, w_up, cu_seqlens)
-        act = _silu_mul_weight(gate, up, route_weights, cu_seqlens)
+        act, _, _ = _grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
     else:
         act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
     # The down GEMM would report w_down as its generic "w"; name it here (metadata only).

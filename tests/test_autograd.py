@@ -308,7 +308,7 @@ def _moonep_ops_called(fn):
 # Backward ops that moonep_experts' two training paths run for dx alone (no wgrad: frozen weights).
 DX_ONLY_BACKWARD = {
     False: {"moonep::grouped_gemm_dgrad", "moonep::silu_mul_weight_backward",
-            "moonep::grouped_gemm_dual_dgrad"},  # saved gate/up
+            "moonep::grouped_gemm_dual_dgrad"},  # saved gate/up (grouped_gemm_silu_mul_with_gate_up)
     True: {"moonep::grouped_gemm_dgrad", "moonep::grouped_gemm_silu_mul_backward",
            "moonep::grouped_gemm_dual_dgrad"},  # recomputed gate/up
 }
@@ -531,7 +531,7 @@ def test_compile_forward_backward_no_graph_break(backend, path):
         backward = "\n".join(code for kind, code in graphs if kind == "backward")
         for name in BACKWARD_GRAPH_OPS[path]:
             assert f"moonep.{name}" in backward, f"{name} missing from the compiled backward graph"
-        if path == "with_gate_up":
+        if path in ("saved", "with_gate_up"):
             # gate and up get no gradient of their own: no zeros materialized, nothing added.
             assert "aten.add" not in backward and "aten.zeros" not in backward, backward
 
@@ -683,7 +683,7 @@ def _re(text):
 
 
 def test_bad_input_reads_the_same_with_grad():
-    """Training takes the saved-gate/up composition; its errors still name moonep_experts' arguments."""
+    """Training takes the fused op that saves gate/up; its errors still name moonep_experts' arguments."""
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(LAYOUTS[0], torch.float32)
     messages = []
     for grad in (False, True):
