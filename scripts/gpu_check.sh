@@ -11,6 +11,8 @@
 #   tune:     the backward kernels' config sweep (benchmarks.tune_backward; only when named, not in all)
 #   schedules: the forward kernel's Hopper schedule sweep (benchmarks.tune --schedules; only when named;
 #             SCHEDULE_ROLES picks roles, e.g. fused_save)
+#   PYTEST_K / FUZZ_K: a pytest -k filter for the tests/portable steps / the fuzz step (a re-run
+#             of what a change touched)
 #   all:      every step (longer than one 10-minute device command: split it across calls)
 # Steps run in the order tests, portable, sanitize, bench, fuzz (the open-ended one last).
 # Results land in $OUT (or ./gpu_out): junit XML, logs, benchmark JSON and PNG, summary.txt.
@@ -48,13 +50,14 @@ TIMEOUT_ARGS=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "-p timeou
 if [ "${WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then
   TIMEOUT_ARGS="$TIMEOUT_ARGS -p xdist -n ${WORKERS:-8}"
 fi
+K_ARGS=(${PYTEST_K:+-k "$PYTEST_K"})
 if want tests; then
-  run_pytest cuda -m cuda $TIMEOUT_ARGS --ignore=tests/test_fuzz.py tests compile_tests
+  run_pytest cuda -m cuda $TIMEOUT_ARGS "${K_ARGS[@]}" --ignore=tests/test_fuzz.py tests compile_tests
 fi
 if want portable; then
   # The portable (sm80) path on the same GPU: MOONEP_OPS_PORTABLE=1 turns the Hopper TMA loads off.
   MOONEP_OPS_PORTABLE=1 run_pytest cuda_portable -m cuda $TIMEOUT_ARGS --ignore=tests/test_fuzz.py \
-    -k "not long_replay" tests
+    -k "not long_replay${PYTEST_K:+ and ($PYTEST_K)}" tests
 fi
 if want sanitize; then
   bash scripts/sanitize.sh 2>&1 | tail -n 8
@@ -92,7 +95,7 @@ if want fuzz; then
   # Long profile: FUZZ_EXAMPLES per op and device, split over FUZZ_SHARDS seeds so the xdist
   # workers share one op's examples; one host thread per worker for the float64 reference.
   OMP_NUM_THREADS=1 MOONEP_OPS_FUZZ=long MOONEP_OPS_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-2000} \
-    MOONEP_OPS_FUZZ_SHARDS=${FUZZ_SHARDS:-16} run_pytest fuzz_long -m cuda $TIMEOUT_ARGS tests/test_fuzz.py
+    MOONEP_OPS_FUZZ_SHARDS=${FUZZ_SHARDS:-16} run_pytest fuzz_long -m cuda $TIMEOUT_ARGS ${FUZZ_K:+-k "$FUZZ_K"} tests/test_fuzz.py
 fi
 echo "gpu_check status=$status" | tee -a "$OUT/summary.txt"
 # The device tool brings back at most 8 files: with BUNDLE=1 everything goes into one archive

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every CUDA kernel of moonep_ops under compute-sanitizer (memcheck, racecheck).
-# Usage on the GPU machine, from the repo root:  bash scripts/sanitize.sh
+# Usage on the GPU machine, from the repo root:  bash scripts/sanitize.sh (or gpu_check.sh sanitize,
+# which first installs expecttest from .whl/: the cases import the test helpers, which need it)
 # Env: OUT (default gpu_out): results go to $OUT/sanitize/ (one log per tool, summary.txt);
 #      SANITIZE_TOOLS (default "memcheck racecheck"; synccheck and initcheck also work);
 #      COMPUTE_SANITIZER (path to the binary, if it is not found on its own);
