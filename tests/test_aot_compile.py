@@ -36,3 +36,23 @@ def test_every_kernel_variant_compiles_for_sm90_and_sm86():
 def test_the_check_flags_an_oversized_config():
     returncode, output = subprocess_jobs.result("aot_selftest")
     assert returncode == 0, output[-4000:]
+
+
+def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys):
+    """scripts/aot_dump.py (a development tool) compiles the variant a problem takes and reports
+    its wgmma pipeline: the fused gate/up kernel issues async wgmma for both products."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "aot_dump.py"
+    spec = importlib.util.spec_from_file_location("aot_dump", path)
+    aot_dump = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aot_dump)
+    assert aot_dump.main(["--op", "fused", "--rows", "512", "--k", "256", "--n", "128", "--groups", "4",
+                          "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "'FUSED': True" in printed and "'USE_TMA': True" in printed, printed
+    mma = re.search(r"wgmma\.mma_async (\d+), commit_group (\d+)", printed)
+    assert mma and int(mma.group(1)) > 0 and int(mma.group(2)) >= 2, printed
+    ptx = list(tmp_path.glob("*_moe_gemm_kernel_sm90.ptx"))
+    assert ptx and "wgmma.mma_async" in ptx[0].read_text()
