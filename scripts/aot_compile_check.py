@@ -64,7 +64,8 @@ class Compiler:
         self.binders = {}
         self.variants = {}  # key -> record
 
-    def run(self, fn, *args, grid, warmup, **kwargs):
+    def specialize(self, fn, args, kwargs):
+        """Triton's own specialization of a launch's arguments: ``(source, signature, options, consts)``."""
         binder = self.binders.get(fn)
         if binder is None:
             binder = self.binders[fn] = triton_jit.create_function_from_signature(fn.signature, fn.params,
@@ -72,6 +73,10 @@ class Compiler:
         bound, specialization, options = binder(*args, **kwargs)
         options, signature, constexprs, attrs = fn._pack_args(self.backend, kwargs, bound, specialization, options)
         consts = {fn.arg_names[path[0]]: value for path, value in constexprs.items() if len(path) == 1}
+        return ASTSource(fn, signature, constexprs, attrs), signature, options, consts
+
+    def run(self, fn, *args, grid, warmup, **kwargs):
+        source, signature, options, consts = self.specialize(fn, args, kwargs)
         key = (fn.fn.__name__, repr(sorted(signature.items())), repr(sorted(consts.items(), key=str)),
                options.num_warps, options.num_stages)
         if key in self.variants:
@@ -83,8 +88,7 @@ class Compiler:
                   "constexprs": {k: v for k, v in consts.items() if k.isupper() and not k.startswith("stride")}}
         start = time.time()
         try:
-            compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=self.target,
-                                      options=options.__dict__)
+            compiled = triton.compile(source, target=self.target, options=options.__dict__)
             record.update(shared=compiled.metadata.shared, **_resource_usage(compiled.asm.get("cubin")))
         except Exception as exc:  # the failure is the finding
             record["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"

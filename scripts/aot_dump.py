@@ -22,8 +22,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import aot_compile_check as aot  # noqa: E402  (also puts the repo root on sys.path)
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.runtime import jit as triton_jit  # noqa: E402
 
 from moonep_ops.kernels import cuda  # noqa: E402
 
@@ -36,15 +34,8 @@ class KeepingCompiler(aot.Compiler):
         self.kept = []
 
     def run(self, fn, *args, grid, warmup, **kwargs):
-        binder = self.binders.get(fn)
-        if binder is None:
-            binder = self.binders[fn] = triton_jit.create_function_from_signature(fn.signature, fn.params,
-                                                                                  self.backend)
-        bound, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = fn._pack_args(self.backend, kwargs, bound, specialization, options)
-        consts = {fn.arg_names[path[0]]: value for path, value in constexprs.items() if len(path) == 1}
-        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=self.target,
-                                  options=options.__dict__)
+        source, _, options, consts = self.specialize(fn, args, kwargs)
+        compiled = triton.compile(source, target=self.target, options=options.__dict__)
         self.kept.append((fn.fn.__name__, consts, options, compiled))
 
 
