@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from . import _checks
+from . import _checks, _fast_checks
 from ._library import op
 
 # Resolved once: attribute lookups on torch.ops cost host time on every call.
@@ -96,9 +96,11 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     1.21x and 0.98x the speed of an autograd function over ``torch._grouped_mm``.
     """
     if not recompute and _needs_grad(x, w_gate, w_up, route_weights):
-        # The fused op's checks first, so that bad input reads the same with and without grad
-        # (under torch.compile the ops' fakes check; Dynamo cannot trace the lazy messages).
-        if not torch.compiler.is_compiling():
+        # Bad input reads as the inference op's error, with or without grad; valid input takes
+        # only the cheap pre-check (under torch.compile the ops' fakes check; Dynamo cannot
+        # trace the lazy messages).
+        if not (torch.compiler.is_compiling()
+                or _fast_checks.grouped_gemm_silu_mul_ok(x, w_gate, w_up, route_weights, cu_seqlens)):
             _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights,
                                                 cu_seqlens)
         act, _, _ = _grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
