@@ -102,6 +102,22 @@ def test_grouped_gemm_silu_mul_interpreted(interpreted, layout, dtype, with_weig
     assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
 
 
+def test_fused_without_tail_zeroing_leaves_the_tail_alone(interpreted):
+    """``zero_tail=False`` (the experts op's intermediate act): the live rows are the same, bitwise,
+    and the tail rows keep what they held (never written)."""
+    gemm = interpreted[0]
+    layout = next(lay for lay in INTERP_LAYOUTS if lay.name == "tail_rows")
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.float32)
+    full = torch.full((layout.nvs, layout.n), float("nan"))
+    partial = full.clone()
+    gemm.launch_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu, full, configs.INTERPRETER_GEMM)
+    gemm.launch_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu, partial, configs.INTERPRETER_GEMM, zero_tail=False)
+    assert layout.total < layout.nvs
+    assert torch.equal(partial[:layout.total], full[:layout.total])
+    assert torch.isnan(partial[layout.total:]).all()
+    assert torch.equal(full[layout.total:], torch.zeros_like(full[layout.total:]))
+
+
 SAVE_CASES = [(lay, torch.float32) for lay in INTERP_LAYOUTS if lay.name != "g1100_sparse"] + [
     (lay, torch.float16) for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "tail_rows", "g600_sparse")]
 

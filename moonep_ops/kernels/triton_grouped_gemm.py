@@ -92,6 +92,21 @@ def store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_o
 
 
 @triton.jit
+def _zero_tail_item(out_ptr, gate_out_ptr, up_out_ptr, cu_ptr, G, NUM_ROWS, N, j, n_tiles, stride_om, stride_on,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SAVE: tl.constexpr):
+    """Tail item ``j`` (row tile ``j // n_tiles``, column tile ``j % n_tiles``): zeros in
+    ``out`` (and in gate and up when saving); rows past NvS (``j`` past the last item) are masked."""
+    cols = (j % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om, stride_on,
+                   BLOCK_M, BLOCK_N)
+    if SAVE:
+        zero_tail_tile(gate_out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om, stride_on,
+                       BLOCK_M, BLOCK_N)
+        zero_tail_tile(up_out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om, stride_on,
+                       BLOCK_M, BLOCK_N)
+
+
+@triton.jit
 def _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M: tl.constexpr):
     """Segment of real row tile ``t`` from the in-register schedule: (g, first row, segment end)."""
     hit = (g_excl <= t) & (t < g_incl)
@@ -113,6 +128,7 @@ def _moe_gemm_kernel(
     BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr, PRECISION: tl.constexpr,
     W_KN: tl.constexpr = False, FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
     TMA_STORE: tl.constexpr = 0, DUAL: tl.constexpr = False, SAVE: tl.constexpr = False,
+    ZERO_TAIL: tl.constexpr = True,
 ):
     # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
     if SMALL_G:
@@ -243,17 +259,13 @@ def _moe_gemm_kernel(
             store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on)
 
     # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
-    tail_items = tail_tiles * n_tiles
-    first = (pid - real_items % num_progs + num_progs) % num_progs
-    for j in range(first, tail_items, num_progs):
-        cols = (j % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-        zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om, stride_on,
-                       BLOCK_M, BLOCK_N)
-        if SAVE:
-            zero_tail_tile(gate_out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om,
-                           stride_on, BLOCK_M, BLOCK_N)
-            zero_tail_tile(up_out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om,
-                           stride_on, BLOCK_M, BLOCK_N)
+    # ZERO_TAIL=False leaves them unwritten (an intermediate that only segment-aware kernels read).
+    if ZERO_TAIL:
+        tail_items = tail_tiles * n_tiles
+        first = (pid - real_items % num_progs + num_progs) % num_progs
+        for j in range(first, tail_items, num_progs):
+            _zero_tail_item(out_ptr, gate_out_ptr, up_out_ptr, cu_ptr, G, NUM_ROWS, N, j, n_tiles,
+                            stride_om, stride_on, BLOCK_M, BLOCK_N, SAVE)
 
 
 def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
@@ -314,7 +326,8 @@ class _Plan:
 _FIRST_DESC = 9  # index of the first descriptor in _Plan.args
 
 
-def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None, saved=None) -> _Plan:
+def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None, saved=None,
+          zero_tail: bool = True) -> _Plan:
     """``a2`` given: the dual GEMM ``out = a @ w[g].T + a2 @ w_up[g].T`` (``a2`` with ``a``'s
     shape and strides); else ``w_up`` given: the fused SwiGLU GEMM, which with ``saved =
     (gate_out, up_out)`` (``out``'s shape, dtype and strides) also writes gate and up."""
@@ -365,7 +378,7 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
                         SMALL_G=g <= SMALL_G_MAX,
                         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_KN=w_kn,
                         FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual,
-                        SAVE=saved is not None),
+                        SAVE=saved is not None, ZERO_TAIL=zero_tail),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs,
     )
 
@@ -385,18 +398,20 @@ def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out, a2=None, sa
 
 
 def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
-                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False, a2=None, saved=None) -> None:
+                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False, a2=None, saved=None,
+                    zero_tail: bool = True) -> None:
     """Launch with an explicit config (interpreter tests, tuning sweeps)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
-    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2, saved), a, w, w_up, route_weights,
+    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2, saved, zero_tail), a, w, w_up, route_weights,
             cu_seqlens, out, a2, saved)
 
 
 _PLANS: dict = {}
 
 
-def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=None, saved=None) -> None:
+def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=None, saved=None,
+                 zero_tail: bool = True) -> None:
     """The CUDA ops' entry. ``choose(a, w, w_up, a2) -> (GemmConfig, use_tma)`` (a module-level
     function) runs once per static signature and ``mode`` (any hashable, e.g. the portable
     switch); later calls reuse the plan and the compiled kernel (see :mod:`.fast_launch`)."""
@@ -409,10 +424,10 @@ def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=No
     key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), a2_arg.stride(), out.stride(), a.dtype,
            a.device, w_up is None, a2 is None, route_weights is None, saved is None, a.data_ptr() % 16,
            w.data_ptr() % 16, u.data_ptr() % 16, a2_arg.data_ptr() % 16, rw.data_ptr() % 16, out.data_ptr() % 16,
-           gate_out.data_ptr() % 16, up_out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode)
+           gate_out.data_ptr() % 16, up_out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode, zero_tail)
     entry = _PLANS.get(key)
     if entry is None:
-        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2, saved)
+        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2, saved, zero_tail)
         kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a2, saved)
         if fast_launch.ENABLED and hasattr(kernel, "run"):
             _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
@@ -422,9 +437,9 @@ def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=No
     fast_launch.launch_compiled(kernel, plan.grid, args + constexpr_values)
 
 
-def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
+def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False, zero_tail=True) -> None:
     """``out[seg_g] = a[seg_g] @ w[g].T`` (any strides on the portable path)."""
-    launch_moe_gemm(a, w, None, None, cu_seqlens, out, cfg, use_tma)
+    launch_moe_gemm(a, w, None, None, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail)
 
 
 def launch_grouped_gemm_dual(a, w, a2, w2, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
@@ -434,9 +449,10 @@ def launch_grouped_gemm_dual(a, w, a2, w2, cu_seqlens, out, cfg: GemmConfig, use
 
 
 def launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg: GemmConfig,
-                                 use_tma: bool = False) -> None:
-    """``out[seg_g] = silu(x @ w_gate[g].T) * (x @ w_up[g].T) * route_weights`` in one pass."""
-    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma)
+                                 use_tma: bool = False, zero_tail: bool = True) -> None:
+    """``out[seg_g] = silu(x @ w_gate[g].T) * (x @ w_up[g].T) * route_weights`` in one pass
+    (``zero_tail=False``: rows past ``cu_seqlens[-1]`` are left unwritten)."""
+    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail)
 
 
 def launch_grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens, act, gate, up,
