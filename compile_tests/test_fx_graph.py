@@ -104,17 +104,15 @@ class TracedGraphs(TestCase):
     def test_moonep_experts_dynamo(self):
         gm = self._dynamo_graph(IMPLS["moonep"], *experts_inputs(SHAPE, torch.bfloat16))
         self.assertExpectedInline(render(gm), """\
-t0 = moonep.grouped_gemm_silu_mul.default(x, w_gate, w_up, route_weights, cu_seqlens)
-t1 = moonep.grouped_gemm.default(t0, w_down, cu_seqlens)
-return (t1,)""")
+t0 = moonep.experts.default(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+return (t0,)""")
 
     def test_moonep_experts_no_route_weights_dynamo(self):
         inputs = experts_inputs(SHAPE, torch.bfloat16)[:-1]
         gm = self._dynamo_graph(IMPLS["moonep"], *inputs)
         self.assertExpectedInline(render(gm), """\
-t0 = moonep.grouped_gemm_silu_mul.default(x, w_gate, w_up, None, cu_seqlens)
-t1 = moonep.grouped_gemm.default(t0, w_down, cu_seqlens)
-return (t1,)""")
+t0 = moonep.experts.default(x, w_gate, w_up, w_down, None, cu_seqlens)
+return (t0,)""")
 
     def test_moonep_experts_out_dynamo(self):
         inputs = experts_inputs(SHAPE, torch.bfloat16)
@@ -124,8 +122,7 @@ return (t1,)""")
 
         gm = self._dynamo_graph(experts_into, *inputs, torch.empty_like(inputs[0]))
         self.assertExpectedInline(render(gm), """\
-t0 = moonep.grouped_gemm_silu_mul.default(x, w_gate, w_up, route_weights, cu_seqlens)
-t1 = moonep.grouped_gemm_out.default(t0, w_down, cu_seqlens, out)
+t0 = moonep.experts_out.default(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
 return (out,)""")
 
     def test_moonep_experts_aot(self):
@@ -134,9 +131,8 @@ return (out,)""")
         targets = {str(n.target).split(".")[0] for n in gm.graph.nodes if n.op == "call_function"}
         self.assertEqual(targets, {"moonep"})
         self.assertExpectedInline(render(gm, inputs), """\
-t0 = moonep.grouped_gemm_silu_mul.default(x, w_gate, w_up, route_weights, cu_seqlens)
-t1 = moonep.grouped_gemm.default(t0, w_down, cu_seqlens)
-return (t1,)""")
+t0 = moonep.experts.default(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+return (t0,)""")
 
     def test_grouped_mm_composition_dynamo(self):
         if not GROUPED_MM_CPU:

@@ -48,4 +48,16 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
     return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape)
 
 
+@_fake("experts")
+def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
+    _checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    return x.new_empty(x.shape)
+
+
+@_fake("experts_out")
+def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out):
+    _checks.check_experts("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    _checks.check_out("experts_out", out, tuple(x.shape), x.dtype, x.device)
+
+
 from . import backward  # noqa: F401,E402  (fakes of the backward ops)

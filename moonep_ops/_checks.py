@@ -197,3 +197,20 @@ def check_grouped_gemm_silu_mul(op_name: str, x: torch.Tensor, w_gate: torch.Ten
     )
     _check_same_device(op_name, "x", x, w_up=w_up, route_weights=route_weights)
     _check_route_weights(op_name, route_weights, x, "x")
+
+
+def check_experts(op_name: str, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                  w_down: torch.Tensor, route_weights, cu_seqlens: torch.Tensor) -> None:
+    """The whole expert path: the fused gate/up GEMM's arguments, and ``w_down [G, H, I]``."""
+    check_grouped_gemm_silu_mul(op_name, x, w_gate, w_up, route_weights, cu_seqlens)
+    expected = (w_gate.shape[0], x.shape[1], w_gate.shape[1])
+    _check(
+        w_down.dim() == 3 and all(d == e for d, e in zip(w_down.shape, expected)),
+        _fail(op_name, lambda: f"w_down must be [G, H, I] = [{', '.join(str(e) for e in expected)}] "
+              f"(G, I from w_gate, H from x), got shape {_shape(w_down)}"),
+    )
+    _check(
+        w_down.dtype == x.dtype,
+        _fail(op_name, lambda: f"w_down has dtype {w_down.dtype} but x has dtype {x.dtype}; they must match"),
+    )
+    _check_same_device(op_name, "x", x, w_down=w_down)

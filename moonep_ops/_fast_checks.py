@@ -39,3 +39,9 @@ def silu_mul_weight_ok(gate, up, rw, cu) -> bool:
 def grouped_gemm_silu_mul_ok(x, w_gate, w_up, rw, cu) -> bool:
     return (grouped_gemm_ok(x, w_gate, cu) and w_up.shape == w_gate.shape and w_up.dtype == x.dtype
             and w_up.device == x.device and route_weights_ok(rw, x))
+
+
+def experts_ok(x, w_gate, w_up, w_down, rw, cu) -> bool:
+    return (grouped_gemm_silu_mul_ok(x, w_gate, w_up, rw, cu) and w_down.dim() == 3
+            and w_down.shape[0] == w_gate.shape[0] and w_down.shape[1] == x.shape[1]
+            and w_down.shape[2] == w_gate.shape[1] and w_down.dtype == x.dtype and w_down.device == x.device)

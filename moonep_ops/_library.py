@@ -27,6 +27,15 @@ SCHEMAS: dict[str, str] = {
         "grouped_gemm_silu_mul_with_gate_up(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, "
         "Tensor cu_seqlens) -> (Tensor act, Tensor gate, Tensor up)"
     ),
+    # The whole expert path (inference): the fused gate/up GEMM, then the down GEMM, in one op.
+    "experts": (
+        "experts(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? route_weights, "
+        "Tensor cu_seqlens) -> Tensor"
+    ),
+    "experts_out": (
+        "experts_out(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? route_weights, "
+        "Tensor cu_seqlens, Tensor(a!) out) -> ()"
+    ),
     # Backward ops (issue 7); the autograd formulas that call them live in moonep_ops/autograd.py.
     "grouped_gemm_dgrad": "grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor",
     "grouped_gemm_dual_dgrad": (

@@ -14,8 +14,13 @@
   fused forward that keeps gate and up for the backward (no recompute): ``d act`` goes through
   ``silu_mul_weight_backward`` on the saved gate/up, plus any gradient that gate or up receive
   directly (usually none: then no add), then one dual dgrad and two wgrads, as above.
+- ``experts(x, w_gate, w_up, w_down, rw, cu)`` (the whole inference path in one op): saves only
+  its inputs; the backward recomputes ``act`` (one fused forward pass, for ``d w_down``), then
+  ``d act = grad @ w_down[g]`` and the recompute backward of ``grouped_gemm_silu_mul`` above.
+  ``moonep_experts`` trains through the separate ops instead (saved gate/up by default).
 - ``cu_seqlens`` gets no gradient.
-- ``grouped_gemm_out`` is not differentiable: it raises if asked to record gradients.
+- ``grouped_gemm_out`` and ``experts_out`` are not differentiable: they raise if asked to record
+  gradients.
 - The backward ops themselves are registered as non-differentiable; a double backward
   (``create_graph=True`` through a moonep op) raises instead of silently dropping terms.
 
@@ -32,6 +37,7 @@ _grouped_gemm_dual_dgrad = op("grouped_gemm_dual_dgrad")
 _grouped_gemm_wgrad = op("grouped_gemm_wgrad")
 _silu_mul_weight_backward = op("silu_mul_weight_backward")
 _grouped_gemm_silu_mul_backward = op("grouped_gemm_silu_mul_backward")
+_grouped_gemm_silu_mul = op("grouped_gemm_silu_mul")
 
 BACKWARD_OPS = ("grouped_gemm_dgrad", "grouped_gemm_dual_dgrad", "grouped_gemm_wgrad",
                 "silu_mul_weight_backward", "grouped_gemm_silu_mul_backward")
@@ -140,6 +146,28 @@ def _fused_saved_backward(ctx, d_act, d_gate_direct, d_up_direct):
     return dx, dw_gate, dw_up, drw, None
 
 
+def _experts_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _experts_backward(ctx, grad):
+    x, w_gate, w_up, w_down, route_weights, cu_seqlens = ctx.saved_tensors
+    _no_double_backward("experts", grad, x, w_gate, w_up, w_down, route_weights)
+    need = ctx.needs_input_grad
+    dw_down = None
+    if need[3]:
+        with torch.no_grad():
+            act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
+        dw_down = _grouped_gemm_wgrad(grad, act, cu_seqlens)
+    if not any(need[:3]) and not (route_weights is not None and need[4]):
+        return None, None, None, dw_down, None, None
+    d_act = _grouped_gemm_dgrad(grad, w_down, cu_seqlens)
+    d_gate, d_up, d_rw = _grouped_gemm_silu_mul_backward(d_act, x, w_gate, w_up, route_weights, cu_seqlens)
+    dx, dw_gate, dw_up = _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens)
+    drw = d_rw if route_weights is not None and need[4] else None
+    return dx, dw_gate, dw_up, dw_down, drw, None
+
+
 def _add_grads(a, b):
     if a is None:
         return b
@@ -154,6 +182,7 @@ torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm_silu_mul", _fused_ba
                                 setup_context=_fused_setup, lib=lib)
 torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm_silu_mul_with_gate_up", _fused_saved_backward,
                                 setup_context=_fused_saved_setup, lib=lib)
+torch.library.register_autograd(f"{NAMESPACE}::experts", _experts_backward, setup_context=_experts_setup, lib=lib)
 
 
 # Non-differentiable ops: explicit Autograd kernels ---------------------------------------
@@ -163,16 +192,22 @@ def _redispatch_below_autograd(overload, keyset, args):
         return overload.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
 
-def _grouped_gemm_out_autograd(keyset, a, w, cu_seqlens, out):
-    if torch.is_grad_enabled() and _requires_grad(a, w, out):
-        raise RuntimeError(
-            f"{NAMESPACE}::grouped_gemm_out is not differentiable (it writes into `out`), but an input "
-            "requires grad. For training call moonep_ops.grouped_gemm / moonep_experts without out=, "
-            "or run under torch.no_grad().")
-    _redispatch_below_autograd(op("grouped_gemm_out"), keyset, (a, w, cu_seqlens, out))
-    # The kernel wrote `out` behind autograd's back: bump its version so a stale saved
-    # copy of it is caught, as for any in-place op.
-    torch.autograd.graph.increment_version(out)
+def _out_variant_autograd(name: str, functional: str):  # functional: what to call instead
+    """Autograd kernel of a ``*_out`` op: raise when a gradient is asked for, else run it and bump
+    ``out``'s version (the kernel wrote it behind autograd's back, as any in-place op does)."""
+    overload = op(name)
+
+    def kernel(keyset, *args):
+        out = args[-1]
+        if torch.is_grad_enabled() and _requires_grad(*args):
+            raise RuntimeError(
+                f"{NAMESPACE}::{name} is not differentiable (it writes into `out`), but an input "
+                f"requires grad. For training call {functional} without out=, "
+                "or run under torch.no_grad().")
+        _redispatch_below_autograd(overload, keyset, args)
+        torch.autograd.graph.increment_version(out)
+
+    return kernel
 
 
 def _nondifferentiable(name: str):
@@ -185,6 +220,8 @@ def _nondifferentiable(name: str):
     return kernel
 
 
-lib.impl("grouped_gemm_out", _grouped_gemm_out_autograd, "Autograd", with_keyset=True)
+lib.impl("grouped_gemm_out", _out_variant_autograd("grouped_gemm_out", "moonep_ops.grouped_gemm / moonep_experts"), "Autograd",
+         with_keyset=True)
+lib.impl("experts_out", _out_variant_autograd("experts_out", "moonep_ops.moonep_experts"), "Autograd", with_keyset=True)
 for _name in BACKWARD_OPS:
     lib.impl(_name, _nondifferentiable(_name), "Autograd", with_keyset=True)

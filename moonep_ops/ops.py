@@ -17,6 +17,8 @@ _grouped_gemm_out = op("grouped_gemm_out")
 _silu_mul_weight = op("silu_mul_weight")
 _grouped_gemm_silu_mul = op("grouped_gemm_silu_mul")
 _grouped_gemm_silu_mul_with_gate_up = op("grouped_gemm_silu_mul_with_gate_up")
+_experts = op("experts")
+_experts_out = op("experts_out")
 
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, cu_seqlens: torch.Tensor, *,
@@ -87,7 +89,9 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     Returns ``[NvS, H]`` (written into ``out`` when given); rows at or past
     ``cu_seqlens[-1]`` are zero.
 
-    Without autograd (inference) gate/up and the activation are one fused GEMM. When a gradient
+    Without autograd (inference) this is one op, ``moonep::experts`` (``experts_out`` with
+    ``out=``): the fused gate/up GEMM with its activation, then the down GEMM; the intermediate
+    ``act``'s tail rows are never written (only the down GEMM reads ``act``, and never there). When a gradient
     is needed, ``recompute=False`` (default) runs :func:`grouped_gemm_silu_mul_with_gate_up`: the
     same fused GEMM, which also writes gate and up (in x's dtype) for autograd to save, as
     torchtitan-style training does (2 x ``[NvS, I]``); the backward reuses them, with one dual
@@ -95,22 +99,21 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     (less activation memory, slower). On the H200 (``benchmarks/results/train_h200.json``):
     1.21x and 0.98x the speed of an autograd function over ``torch._grouped_mm``.
     """
-    if not recompute and _needs_grad(x, w_gate, w_up, route_weights):
-        # Bad input reads as the inference op's error, with or without grad; valid input takes
-        # only the cheap pre-check (under torch.compile the ops' fakes check; Dynamo cannot
-        # trace the lazy messages).
-        if not (torch.compiler.is_compiling()
-                or _fast_checks.grouped_gemm_silu_mul_ok(x, w_gate, w_up, route_weights, cu_seqlens)):
-            _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights,
-                                                cu_seqlens)
-        act, _, _ = _grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
-    else:
+    if not _needs_grad(x, w_gate, w_up, w_down, route_weights):
+        if out is None:
+            return _experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+        _experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+        return out
+    # Training composes the separate ops; bad input still reads as the experts op's error, as
+    # without grad. Valid input takes only the cheap pre-check (under torch.compile the ops'
+    # fakes check; Dynamo cannot trace the lazy messages).
+    if not (torch.compiler.is_compiling()
+            or _fast_checks.experts_ok(x, w_gate, w_up, w_down, route_weights, cu_seqlens)):
+        _checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    if recompute or not _needs_grad(x, w_gate, w_up, route_weights):  # (only w_down: nothing to save)
         act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
-    # The down GEMM would report w_down as its generic "w"; name it here (metadata only).
-    expected = (w_gate.shape[0], x.shape[1], w_gate.shape[1])
-    if w_down.dim() != 3 or tuple(w_down.shape) != expected:
-        raise RuntimeError(f"moonep_experts: w_down must be [G, H, I] = {list(expected)} "
-                           f"(G, I from w_gate, H from x), got shape {list(w_down.shape)}")
+    else:
+        act, _, _ = _grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
     return grouped_gemm(act, w_down, cu_seqlens, out=out)
 
 

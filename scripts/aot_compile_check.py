@@ -157,6 +157,7 @@ def run_all_ops(rows, k, n, g, dtype) -> None:
     gate, up, grad_n = _empty(rows, n, dtype=dtype), _empty(rows, n, dtype=dtype), _empty(rows, n, dtype=dtype)
     for rw in (torch.empty(rows, dtype=torch.float32), None):
         cuda.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
+        cuda.experts_out(x, w_gate, w_up, w_down, rw, cu, _empty(rows, k, dtype=dtype))  # act's tail unwritten
         cuda.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
         cuda.silu_mul_weight(gate, up, rw, cu)
         cuda_backward.silu_mul_weight_backward(grad_n, gate, up, rw, cu)

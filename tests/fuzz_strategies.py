@@ -341,6 +341,13 @@ def _gg_out(t):
     return out
 
 
+def _experts_out_op(t):
+    x = t["x"]
+    out = poisoned(x.shape, x.dtype, x.device)
+    _ops().experts_out(x, t["w_gate"], t["w_up"], t["w_down"], t["rw"], t["cu"], out)
+    return out
+
+
 def _experts_out(t):
     x = t["x"]
     out = poisoned(x.shape, x.dtype, x.device)
@@ -379,6 +386,12 @@ _ALL_OPS = [
            lambda t: (grouped_gemm_silu_mul_ref(t["x"], t["w_gate"], t["w_up"], t["rw"], t["cu"]),
                       grouped_gemm_ref(t["x"], t["w_gate"], t["cu"]), grouped_gemm_ref(t["x"], t["w_up"], t["cu"])),
            lambda p: (((p.nvs, p.n), p.dtype),) * 3),
+    # the whole expert path in one op (what moonep_experts runs without grad), allocating and out=
+    OpSpec("experts", experts_inputs,
+           lambda t: _ops().experts(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["rw"], t["cu"]),
+           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]), _rows(_K)),
+    OpSpec("experts_out", experts_inputs, _experts_out_op,
+           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]), _rows(_K)),
     # the public expert path (fused gate/up + down GEMM), allocating and out=
     OpSpec("moonep_experts", experts_inputs,
            lambda t: moonep_ops.moonep_experts(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),

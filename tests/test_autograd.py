@@ -158,6 +158,20 @@ def experts_with_gate_up(x, w_gate, w_up, w_down, cu, rw):
     return moonep_ops.grouped_gemm(act, w_down, cu)
 
 
+def experts_op(x, w_gate, w_up, w_down, cu, rw):
+    """The whole-path op (what moonep_experts runs without grad), differentiated directly."""
+    return torch.ops.moonep.experts(x, w_gate, w_up, w_down, rw, cu)
+
+
+def _experts_op_args(with_weights):
+    make = _experts_args(with_weights)
+
+    def reorder(layout, dtype, device):  # the op's argument order: route_weights before cu_seqlens
+        x, w_gate, w_up, w_down, cu, rw = make(layout, dtype, device)
+        return [x, w_gate, w_up, w_down, rw, cu]
+    return reorder
+
+
 CASES = [
     Case("grouped_gemm", moonep_ops.grouped_gemm, ref_grouped_gemm, _gg_args),
     Case("silu_mul_weight", moonep_ops.silu_mul_weight, ref_silu_mul_weight, _smw_args(True)),
@@ -174,6 +188,8 @@ CASES = [
     Case("moonep_experts_recompute", functools.partial(moonep_ops.moonep_experts, recompute=True), ref_experts,
          _experts_args(True)),
     Case("experts_with_gate_up", experts_with_gate_up, ref_experts, _experts_args(True)),
+    Case("experts_op", experts_op, ref_experts, _experts_args(True)),
+    Case("experts_op_no_weights", experts_op, ref_experts, _experts_args(False)),
 ]
 CASE_IDS = [c.name for c in CASES]
 
@@ -394,6 +410,8 @@ _DIFF_OPS = {
     "grouped_gemm_silu_mul_no_weights": _fused_args(False),
     "grouped_gemm_silu_mul_with_gate_up": _fused_args(True),
     "grouped_gemm_silu_mul_with_gate_up_no_weights": _fused_args(False),
+    "experts": _experts_op_args(True),
+    "experts_no_weights": _experts_op_args(False),
 }
 
 
@@ -455,6 +473,8 @@ def test_out_variant_refuses_grad():
     x, w_gate, w_up, w_down, cu, rw = _experts_args(True)(layout, torch.float32, "cpu")
     with pytest.raises(RuntimeError, match=r"moonep::grouped_gemm_out is not differentiable"):
         moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, out=torch.empty(layout.nvs, layout.k))
+    with pytest.raises(RuntimeError, match=r"moonep::experts_out is not differentiable"):
+        torch.ops.moonep.experts_out(x, w_gate, w_up, w_down, rw, cu, torch.empty(layout.nvs, layout.k))
 
 
 def test_out_variant_without_grad_still_writes_and_bumps_version():

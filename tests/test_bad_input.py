@@ -573,4 +573,47 @@ class TestMoonepExpertsBadInput(BadInputCase):
         w_down = torch.randn(G, N, K)  # [G, I, H] instead of [G, H, I]
         with self.assertRaises(RuntimeError) as ctx:
             moonep_ops.moonep_experts(x, w_gate, w_up, w_down, _cu())
-        self.assertExpectedInline(str(ctx.exception), """moonep_experts: w_down must be [G, H, I] = [3, 16, 12] (G, I from w_gate, H from x), got shape [3, 12, 16]""")
+        self.assertExpectedInline(str(ctx.exception), """moonep::experts: w_down must be [G, H, I] = [3, 16, 12] (G, I from w_gate, H from x), got shape [3, 12, 16]""")
+
+
+experts_op = torch.ops.moonep.experts.default
+experts_out_op = torch.ops.moonep.experts_out.default
+
+
+def _experts_args(dtype=torch.float32):
+    x, wg, wu, rw, cu = _ggsm_args(dtype=dtype)
+    return x, wg, wu, torch.randn(G, K, N, dtype=dtype), rw, cu
+
+
+class TestExpertsBadInput(BadInputCase):
+    """The whole-path op checks the fused GEMM's arguments and w_down; its errors carry its name."""
+
+    def test_shapes(self):
+        x, wg, wu, wd, rw, cu = _experts_args()
+        self.assertExpectedInline(
+            self.raises(experts_op, x, wg, wu[:, :N - 1], wd, rw, cu),
+            """moonep::experts: w_up has shape [3, 11, 16] but w_gate has shape [3, 12, 16]; they must match ([G, I, H])""")
+        self.assertExpectedInline(
+            self.raises(experts_op, x, wg, wu, wd[:, :, :N - 1], rw, cu),
+            """moonep::experts: w_down must be [G, H, I] = [3, 16, 12] (G, I from w_gate, H from x), got shape [3, 16, 11]""")
+        self.assertExpectedInline(
+            self.raises(experts_op, x, wg, wu, wd, rw, _cu((3, 6))),
+            """moonep::experts: cu_seqlens has 2 entries but w_gate has G = 3 groups (w_gate.shape[0]); they must match""")
+
+    def test_dtypes_and_devices(self):
+        x, wg, wu, wd, rw, cu = _experts_args()
+        self.assertExpectedInline(
+            self.raises(experts_op, x, wg, wu, wd.double(), rw, cu),
+            """moonep::experts: w_down has dtype torch.float64 but x has dtype torch.float32; they must match""")
+        self.assertExpectedInline(
+            self.raises_fake(experts_op, x, wg, wu, wd, rw, cu, cuda=(0, 1, 2, 4, 5)),
+            """moonep::experts: w_down is on cpu but x is on cuda:0; all tensors must be on one device""")
+
+    def test_out(self):
+        x, wg, wu, wd, rw, cu = _experts_args()
+        self.assertExpectedInline(
+            self.raises(experts_out_op, x, wg, wu, wd, rw, cu, torch.empty(NVS, N)),
+            """moonep::experts_out: out has shape [8, 12], expected [8, 16]""")
+        self.assertExpectedInline(
+            self.raises(experts_out_op, x, wg, wu, wd, rw, cu, torch.empty(K, NVS).t()),
+            """moonep::experts_out: out must be contiguous, got shape [8, 16] with strides [1, 8]""")

@@ -44,7 +44,8 @@ def base_tensors(device, dtype=torch.float32):
         a=r(NVS, K), w=r(G, N, K), w_up=r(G, N, K), gate=r(NVS, N), up=r(NVS, N), grad=r(NVS, N),
         rw=(torch.rand(NVS, generator=gen) + 0.1).to(device),
         cu=torch.tensor([3, 3, 6], dtype=torch.int32, device=device),
-        out=torch.empty(NVS, N, dtype=dtype, device=device), device=device)
+        out=torch.empty(NVS, N, dtype=dtype, device=device), device=device,
+        w_down=r(G, K, N), x_out=torch.empty(NVS, K, dtype=dtype, device=device))
 
 
 def cu_tensor(b, ends, dtype=torch.int32):
@@ -184,6 +185,23 @@ CASES = {
         _ops().grouped_gemm_silu_mul_with_gate_up, (b.a, b.w, b.w_up, b.rw[:NVS - 1], b.cu))),
     "ggsm_gu_rw_other_device": _c("grouped_gemm_silu_mul_with_gate_up", lambda b: (
         _ops().grouped_gemm_silu_mul_with_gate_up, (b.a, b.w, b.w_up, _other(b, b.rw), b.cu)), False),
+    # experts / experts_out: grouped_gemm_silu_mul's rules, plus w_down [G, H, I] (H = K, I = N)
+    "experts_w_up_groups": _c("experts", lambda b: (
+        _ops().experts, (b.a, b.w, b.w_up[:G - 1], b.w_down, b.rw, b.cu))),
+    "experts_w_down_transposed": _c("experts", lambda b: (
+        _ops().experts, (b.a, b.w, b.w_up, b.w, b.rw, b.cu))),
+    "experts_w_down_bf16": _c("experts", lambda b: (
+        _ops().experts, (b.a, b.w, b.w_up, b.w_down.bfloat16(), b.rw, b.cu))),
+    "experts_w_down_other_device": _c("experts", lambda b: (
+        _ops().experts, (b.a, b.w, b.w_up, _other(b, b.w_down), b.rw, b.cu)), False),
+    "experts_float64": _cuda_only("experts", lambda b: (
+        _ops().experts, (b.a.double(), b.w.double(), b.w_up.double(), b.w_down.double(), None, b.cu))),
+    "experts_out_cols": _c("experts_out", lambda b: (
+        _ops().experts_out, (b.a, b.w, b.w_up, b.w_down, b.rw, b.cu, b.out))),
+    "experts_out_transposed": _c("experts_out", lambda b: (
+        _ops().experts_out, (b.a, b.w, b.w_up, b.w_down, b.rw, b.cu, torch.empty(K, NVS, device=b.device).t()))),
+    "experts_out_rw_short": _c("experts_out", lambda b: (
+        _ops().experts_out, (b.a, b.w, b.w_up, b.w_down, b.rw[:NVS - 1], b.cu, b.x_out))),
     # backward ops (issue 7): grad [NvS, N]
     "dgrad_n_mismatch": _c("grouped_gemm_dgrad",
                            lambda b: (_ops().grouped_gemm_dgrad, (b.grad[:, :N - 1], b.w, b.cu))),
@@ -228,6 +246,8 @@ def value_calls(b, cu):
         "grouped_gemm_silu_mul": (_ops().grouped_gemm_silu_mul, (b.a, b.w, b.w_up, b.rw, cu)),
         "grouped_gemm_silu_mul_with_gate_up": (_ops().grouped_gemm_silu_mul_with_gate_up,
                                                (b.a, b.w, b.w_up, b.rw, cu)),
+        "experts": (_ops().experts, (b.a, b.w, b.w_up, b.w_down, b.rw, cu)),
+        "experts_out": (_ops().experts_out, (b.a, b.w, b.w_up, b.w_down, b.rw, cu, b.x_out)),
         "grouped_gemm_dgrad": (_ops().grouped_gemm_dgrad, (b.grad, b.w, cu)),
         "grouped_gemm_dual_dgrad": (_ops().grouped_gemm_dual_dgrad, (b.grad, b.grad, b.w, b.w_up, cu)),
         "grouped_gemm_wgrad": (_ops().grouped_gemm_wgrad, (b.grad, b.a, cu)),

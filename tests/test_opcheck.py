@@ -33,6 +33,9 @@ OP_CASES = {
     "grouped_gemm_silu_mul_no_weights": "grouped_gemm_silu_mul",
     "grouped_gemm_silu_mul_with_gate_up": "grouped_gemm_silu_mul_with_gate_up",
     "grouped_gemm_silu_mul_with_gate_up_no_weights": "grouped_gemm_silu_mul_with_gate_up",
+    "experts": "experts",
+    "experts_no_weights": "experts",
+    "experts_out": "experts_out",
 }
 
 # fp32 over every layout; bf16 (the MoonEP dtype) on the MoonEP-shaped and the odd-sized ones.
@@ -56,7 +59,11 @@ def _sample(case, layout, dtype, device):
     if case.startswith("silu_mul_weight"):
         gate, up, rw, cu = silu_mul_weight_inputs(layout, dtype, device, with_weights=with_weights)
         return op, (gate, up, rw, cu)
-    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, dtype, device, with_weights=with_weights)
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, dtype, device, with_weights=with_weights)
+    if case.startswith("experts"):
+        if case == "experts_out":
+            return op, (x, w_gate, w_up, w_down, rw, cu, torch.full_like(x, float("nan")))
+        return op, (x, w_gate, w_up, w_down, rw, cu)
     return op, (x, w_gate, w_up, rw, cu)
 
 

@@ -67,6 +67,10 @@ def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
     """Fused gate/up projections and activation: gate and up stay in the accumulation dtype."""
     _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
     _checks.check_cu_seqlens_values("grouped_gemm_silu_mul", cu_seqlens, x.shape[0])
+    return _grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens)
+
+
+def _grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens):
     acc = _checks.accum_dtype(x.dtype)
     out = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
     end = 0
@@ -94,8 +98,27 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
     return silu_mul_weight_unchecked(gate, up, route_weights, cu_seqlens), gate, up
 
 
+def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
+    _checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    _checks.check_cu_seqlens_values("experts", cu_seqlens, x.shape[0])
+    out = torch.empty((x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
+    grouped_gemm_into(_grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens), w_down,
+                      cu_seqlens, out)
+    return out
+
+
+def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
+    _checks.check_experts("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    _checks.check_out("experts_out", out, (x.shape[0], x.shape[1]), x.dtype, x.device)
+    _checks.check_cu_seqlens_values("experts_out", cu_seqlens, x.shape[0])
+    grouped_gemm_into(_grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens), w_down,
+                      cu_seqlens, out)
+
+
 lib.impl("grouped_gemm", grouped_gemm, "CPU")
 lib.impl("grouped_gemm_out", grouped_gemm_out, "CPU")
 lib.impl("silu_mul_weight", silu_mul_weight, "CPU")
 lib.impl("grouped_gemm_silu_mul", grouped_gemm_silu_mul, "CPU")
 lib.impl("grouped_gemm_silu_mul_with_gate_up", grouped_gemm_silu_mul_with_gate_up, "CPU")
+lib.impl("experts", experts, "CPU")
+lib.impl("experts_out", experts_out, "CPU")

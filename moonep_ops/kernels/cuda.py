@@ -82,6 +82,18 @@ def grouped_gemm_silu_mul_with_gate_up_into(x, w_gate, w_up, route_weights, cu_s
                  portable_only(), saved=(gate, up))
 
 
+def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
+    """The fused gate/up GEMM into a scratch ``act``, then the down GEMM into ``out``. ``act``'s tail
+    rows are left unwritten: the down GEMM never reads rows past ``cu_seqlens[-1]``."""
+    from .triton_grouped_gemm import run_moe_gemm
+
+    cu = _dense(cu_seqlens)
+    act = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
+    run_moe_gemm(x, w_gate, w_up, _dense(route_weights), cu, act, _choose_fused, portable_only(),
+                 zero_tail=False)
+    run_moe_gemm(act, w_down, None, None, cu, out, _choose_plain, portable_only())
+
+
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
     from .triton_silu_mul_weight import launch_silu_mul_weight
 
@@ -154,8 +166,30 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
     return act, gate, up
 
 
+def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
+    if not _fast_checks.experts_ok(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
+        _checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    _debug_checks("experts", cu_seqlens, x.shape[0])
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    with _on_device(x):
+        experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+    return out
+
+
+def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
+    if not (_fast_checks.experts_ok(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+            and _fast_checks.out_ok(out, x.shape[0], x.shape[1], x.dtype, x.device)):
+        _checks.check_experts("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+        _checks.check_out("experts_out", out, tuple(x.shape), x.dtype, x.device)
+    _debug_checks("experts_out", cu_seqlens, x.shape[0])
+    with _on_device(x):
+        experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+
+
 lib.impl("grouped_gemm", grouped_gemm, "CUDA")
 lib.impl("grouped_gemm_out", grouped_gemm_out, "CUDA")
 lib.impl("silu_mul_weight", silu_mul_weight, "CUDA")
 lib.impl("grouped_gemm_silu_mul", grouped_gemm_silu_mul, "CUDA")
 lib.impl("grouped_gemm_silu_mul_with_gate_up", grouped_gemm_silu_mul_with_gate_up, "CUDA")
+lib.impl("experts", experts, "CUDA")
+lib.impl("experts_out", experts_out, "CUDA")
