@@ -69,6 +69,31 @@ def host_cost_us(fn, reps=200, inference=True) -> float:
         return _host_cost_us(fn, reps)
 
 
+def host_costs_interleaved(paths: dict, rounds: int = 7, reps: int = 200) -> dict:
+    """Eager host time per call of every path, in both grad modes, measured in interleaved rounds
+    (each round times every path once, in a rotated order) so that host load or clock drift hits
+    all paths alike; the median over rounds. Keys: ``name`` (inference mode) and ``name (grad mode)``."""
+    args = tiny_problem()
+    variants = [(name, fn, inference) for inference in (True, False) for name, fn in paths.items()]
+    for _, fn, inference in variants:  # warm-up: first-call compiles and plan caches
+        with torch.inference_mode(inference):
+            for _ in range(20):
+                fn(*args)
+    torch.cuda.synchronize()
+    samples = {i: [] for i in range(len(variants))}
+    for r in range(rounds):
+        for i in [(r + j) % len(variants) for j in range(len(variants))]:
+            _, fn, inference = variants[i]
+            with torch.inference_mode(inference):
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn(*args)
+                samples[i].append((time.perf_counter() - t0) / reps * 1e6)
+            torch.cuda.synchronize()
+    return {(name if inference else f"{name} (grad mode)"): statistics.median(samples[i])
+            for i, (name, _, inference) in enumerate(variants)}
+
+
 def tiny_problem() -> tuple:
     """Arguments of a path on a problem small enough that its GPU time is negligible."""
     g, h, i, nvs = 4, 128, 128, 256
@@ -126,8 +151,7 @@ def main(argv=None):
     env = environment()
     ceilings = measure_ceilings()
     print(f"# {env}  ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s, {ceilings['copy_tbps']:.2f} TB/s")
-    host = {name: host_cost_us(fn) for name, fn in paths.items()}
-    host.update({f"{name} (grad mode)": host_cost_us(fn, inference=False) for name, fn in paths.items()})
+    host = host_costs_interleaved(paths)
     print("# eager host cost per call (us): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
     rows = []
     for padding in [int(p) for p in args.paddings.split(",")]:

@@ -11,6 +11,8 @@
 #   tune:     the backward kernels' config sweep (benchmarks.tune_backward; only when named, not in all)
 #   schedules: the forward kernel's Hopper schedule sweep (benchmarks.tune --schedules; only when named;
 #             SCHEDULE_ROLES picks roles, e.g. fused_save)
+#   probe:    where the forward GEMMs' time goes (benchmarks.probe: tail, knobs, row strides; only when
+#             named; PROBE_SHAPES picks shapes), then Nsight Compute on the committed kernels (NCU=0: skip)
 #   PYTEST_K / FUZZ_K: a pytest -k filter for the tests/portable steps / the fuzz step (a re-run
 #             of what a change touched)
 #   all:      every step (longer than one 10-minute device command: split it across calls)
@@ -19,6 +21,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the fuzz step hands it to pytest workers
 steps=" ${*:-all} "
 want() { [[ "$steps" == *" $1 "* || "$steps" == *" all "* ]]; }
 export PYTHONUNBUFFERED=1
@@ -85,6 +88,20 @@ if [[ "$steps" == *" schedules "* ]]; then
   echo "tune --schedules rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 fi
+if [[ "$steps" == *" probe "* ]]; then
+  timeout ${PROBE_TIMEOUT:-420} python3 -m benchmarks.probe --shapes ${PROBE_SHAPES:-0,1,2,3,4,5} --out "$OUT/probe.json" 2>&1 \
+    | tee "$OUT/probe.log" | tail -n 60
+  rc=${PIPESTATUS[0]}
+  echo "probe rc=$rc" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || status=1
+  if [ "${NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
+    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:_moe_gemm_kernel --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
+      --section Occupancy python3 -m benchmarks.probe --mode profile --shapes ${PROBE_SHAPES:-0,1,2,3,4,5} \
+      > "$OUT/ncu.txt" 2>&1
+    echo "ncu rc=$? ($(grep -c 'Duration' "$OUT/ncu.txt") kernels)" | tee -a "$OUT/summary.txt"
+  fi
+fi
 if [[ "$steps" == *" tune "* ]]; then
   timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.tune_backward ${TUNE_ROLES:+--roles $TUNE_ROLES} --out "$OUT/tune_backward.json" 2>&1 | tee "$OUT/tune_backward.log" | tail -n 24
   rc=${PIPESTATUS[0]}
@@ -94,7 +111,9 @@ fi
 if want fuzz; then
   # Long profile: FUZZ_EXAMPLES per op and device, split over FUZZ_SHARDS seeds so the xdist
   # workers share one op's examples; one host thread per worker for the float64 reference.
+  # Failing examples go to fuzz_failures.txt as they happen (a run cut short keeps them).
   OMP_NUM_THREADS=1 MOONEP_OPS_FUZZ=long MOONEP_OPS_FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-2000} \
+    MOONEP_OPS_FUZZ_FAILURE_LOG="$OUT/fuzz_failures.txt" \
     MOONEP_OPS_FUZZ_SHARDS=${FUZZ_SHARDS:-16} run_pytest fuzz_long -m cuda $TIMEOUT_ARGS ${FUZZ_K:+-k "$FUZZ_K"} tests/test_fuzz.py
 fi
 echo "gpu_check status=$status" | tee -a "$OUT/summary.txt"

@@ -13,6 +13,9 @@ Profiles (environment):
                                 "random" draws a fresh one each run
   MOONEP_OPS_FUZZ_SHARDS=M      M test items per op and device, seeds S..S+M-1, each running
                                 the example count over M (so pytest-xdist spreads one op)
+  MOONEP_OPS_FUZZ_FAILURE_LOG=F every failing example (the first, then hypothesis's shrinks) is
+                                appended to file F at once, so a run cut short (a device call's
+                                time limit) still says what failed
 No example database is kept: a failure prints the problem, a ``check(...)`` repro line and
 hypothesis's ``@reproduce_failure`` blob.
 """
@@ -71,6 +74,13 @@ def _one_cpu_thread(request):
         torch.set_num_threads(threads)
 
 
+def _log_failure(item: str, problem, exc: Exception) -> None:
+    path = os.environ.get("MOONEP_OPS_FUZZ_FAILURE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{item}: {problem!r}: {type(exc).__name__}: {str(exc)[:500]}\n")
+
+
 def _seeded(fn, shard):
     """A fixed seed (not ``derandomize``): the same examples every CI run, and a nightly or a
     developer can vary it without touching the code. Shard i runs seed S+i."""
@@ -87,7 +97,12 @@ def test_fuzz(spec, device, shard):
     @FUZZ_SETTINGS
     @given(data=st.data())
     def prop(data):
-        check(spec, data.draw(problems(budget, spec.dtypes), label="problem"), device)
+        problem = data.draw(problems(budget, spec.dtypes), label="problem")
+        try:
+            check(spec, problem, device)
+        except Exception as exc:
+            _log_failure(f"{spec.name}[{device}, shard{shard}]", problem, exc)
+            raise
 
     _seeded(prop, shard)()
 

@@ -1,0 +1,177 @@
+"""A/B timing of forward GEMM configs (issue 6), robust to the GPU's drift.
+
+``benchmarks.tune`` times candidates one after another; on the H200 two runs of the same
+kernel a minute apart differ by up to 10% (clocks, power), more than the differences being
+sought. Here every candidate is captured in its own CUDA graph first, then timed in
+``--rounds`` rounds, each replaying every candidate ``--reps`` times in a shuffled order;
+a candidate's time is the median over rounds of its per-round median. Each candidate's output
+is checked against the committed config's on the live rows first.
+
+Per shape (padding 128 unless ``--paddings``): the fused gate/up GEMM and the down GEMM with the
+committed config and with ``FUSED`` / ``DOWN`` below (the fused ones leave ``act``'s tail
+unwritten, as the ``experts`` op does; ``committed_zero_tail`` writes it), then whole paths
+(fused then down in one graph): ``zero_act_tail`` (the two public ops composed), ``experts``
+(what the ``experts`` op runs) and the fastest config of each role together.
+Results so far: ``benchmarks/results/probe_h200_*.json`` and ``scripts/gpu_check_results.md``.
+``--mode profile`` runs each role once with the committed configs (for ``ncu``).
+Usage: python -m benchmarks.probe [--shapes 0,1,2,3,4,5] [--out probe.json]
+"""
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+
+import torch
+
+from moonep_ops.kernels import configs
+from moonep_ops.kernels.configs import GemmConfig
+from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_silu_mul
+
+from .run import environment
+from .shapes import SHAPES, build_problem
+
+CAP = (9, 0)
+
+# name -> GemmConfig; "committed" is added per shape (configs.py's pick). The last sweep's
+# candidates (probe_h200_k128.json): BLOCK_K 128 helps the memory-bound shapes only.
+FUSED = {
+    "128x64_k128_ts2": GemmConfig(128, 64, 128, 8, 3, tma_store=2),
+    "128x128_k128_s2_ts2": GemmConfig(128, 128, 128, 8, 2, tma_store=2),
+    "128x128_k128_s2_ts1": GemmConfig(128, 128, 128, 8, 2, tma_store=1),
+    "128x64_k128_ts1": GemmConfig(128, 64, 128, 8, 3, tma_store=1),
+}
+DOWN = {
+    "128x128_k128_flat": GemmConfig(128, 128, 128, 8, 3, flatten=True),
+    "128x128_k128_ts1": GemmConfig(128, 128, 128, 8, 3, tma_store=1),
+    "128x256_k128_s2_flat": GemmConfig(128, 256, 128, 8, 2, flatten=True),
+    "128x256_k128_s2": GemmConfig(128, 256, 128, 8, 2),
+}
+
+
+def committed(role, shape, nvs) -> GemmConfig:
+    if role == "fused":
+        return configs.fused_gemm_config(shape.inter, shape.hidden, nvs, torch.bfloat16, CAP)
+    return configs.gemm_config(shape.hidden, shape.inter, nvs, torch.bfloat16, CAP)
+
+
+def _graph(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def time_interleaved(fns: dict, rounds: int, reps: int) -> dict:
+    """name -> {"us": median over rounds of the per-round median, "rounds_us": [...]}."""
+    graphs = {name: _graph(fn) for name, fn in fns.items()}
+    per_round = {name: [] for name in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(rounds):
+        order = list(graphs)
+        random.Random(r).shuffle(order)
+        for name in order:
+            graph = graphs[name]
+            graph.replay()
+            times = []
+            for _ in range(reps):
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3)
+            per_round[name].append(statistics.median(times))
+    del graphs
+    return {name: {"us": statistics.median(v), "rounds_us": v} for name, v in per_round.items()}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", default="time", choices=["time", "profile"])
+    parser.add_argument("--shapes", default="0,1,2,3,4,5")
+    parser.add_argument("--paddings", default="128")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    results = []
+    for padding in [int(p) for p in args.paddings.split(",")]:
+        for idx in [int(i) for i in args.shapes.split(",")]:
+            results.append(_probe_shape(SHAPES[idx], padding, args))
+            torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": environment(), "method": __doc__, "results": results}, f, indent=1)
+
+
+def _probe_shape(shape, padding, args) -> dict:
+    x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
+    nvs, live = x.shape[0], sum(sizes)
+    act = torch.empty(nvs, shape.inter, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(nvs, shape.hidden, device="cuda", dtype=torch.bfloat16)
+
+    def fused(cfg, zero_tail=False):
+        return lambda: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, act, cfg, True, zero_tail=zero_tail)
+
+    def down(cfg):
+        return lambda: launch_grouped_gemm(act, wd, cu, out, cfg, True)
+
+    cfg_f, cfg_d = committed("fused", shape, nvs), committed("down", shape, nvs)
+    if args.mode == "profile":
+        fused(cfg_f)()
+        down(cfg_d)()
+        torch.cuda.synchronize()
+        return {}
+    print(f"{shape.name} pad={padding}: NvS {nvs}, live rows {live}", flush=True)
+    row = {"shape": shape.name, "padding": padding, "nvs": nvs, "live": live, "roles": {}, "paths": {}}
+    cands = {
+        "fused": {"committed_zero_tail": (cfg_f, True), "committed": (cfg_f, False),
+                  **{k: (v, False) for k, v in FUSED.items()}},
+        "down": {"committed": (cfg_d, None), **{k: (v, None) for k, v in DOWN.items()}},
+    }
+    best = {}
+    for role, role_cands in cands.items():
+        dst = act if role == "fused" else out
+        fns, ref = {}, None
+        for name, (cfg, zero_tail) in role_cands.items():
+            fn = fused(cfg, zero_tail) if role == "fused" else down(cfg)
+            try:
+                dst.fill_(float("nan"))
+                fn()
+                torch.cuda.synchronize()
+                if ref is None:
+                    ref = dst[:live].float().clone()
+                err = float((dst[:live].float() - ref).norm() / ref.norm())
+                if not err <= 1e-2:
+                    raise RuntimeError(f"wrong result: rel err {err:.3g} vs committed")
+                fns[name] = fn
+            except Exception as exc:
+                row["roles"].setdefault(role, {})[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                print(f"  {role:<5} {name:<22} ERROR {str(exc)[:150]}", flush=True)
+        timed = time_interleaved(fns, args.rounds, args.reps)
+        for name, r in timed.items():
+            r["cfg"] = dataclasses.asdict(role_cands[name][0])
+            print(f"  {role:<5} {name:<22} {r['us']:8.1f} us  rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}",
+                  flush=True)
+        row["roles"].setdefault(role, {}).update(timed)
+        best[role] = min((n for n in timed if n != "committed_zero_tail"), key=lambda n: timed[n]["us"])
+    bf, bd = cands["fused"][best["fused"]][0], cands["down"][best["down"]][0]
+    paths = {"zero_act_tail": lambda: (fused(cfg_f, True)(), down(cfg_d)()),
+             "experts": lambda: (fused(cfg_f)(), down(cfg_d)()),
+             f"best:{best['fused']}+{best['down']}": lambda: (fused(bf)(), down(bd)())}
+    for name, r in time_interleaved(paths, args.rounds, args.reps).items():
+        row["paths"][name] = r
+        print(f"  path  {name:<40} {r['us']:8.1f} us  rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}",
+              flush=True)
+    return row
+
+
+if __name__ == "__main__":
+    main()
