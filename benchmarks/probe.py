@@ -34,19 +34,19 @@ from .shapes import SHAPES, build_problem
 
 CAP = (9, 0)
 
-# name -> GemmConfig; "committed" is added per shape (configs.py's pick). The last sweep's
-# candidates (probe_h200_k128.json): BLOCK_K 128 helps the memory-bound shapes only.
+# name -> GemmConfig; "committed" is added per shape (configs.py's pick). Earlier sweeps
+# (probe_h200_configs.json, probe_h200_k128.json): 256-row tiles lose everywhere, BLOCK_K 128
+# helps the memory-bound shapes only. Next: pair tiles for the down GEMM (two 128-row halves
+# per weight tile load, one half when the segment ends in it: shared memory 192 KB, 231
+# registers, no spill on sm90 per scripts/aot_dump.py), against kimi-k2 S=1024's re-reads.
 FUSED = {
-    "128x64_k128_ts2": GemmConfig(128, 64, 128, 8, 3, tma_store=2),
-    "128x128_k128_s2_ts2": GemmConfig(128, 128, 128, 8, 2, tma_store=2),
-    "128x128_k128_s2_ts1": GemmConfig(128, 128, 128, 8, 2, tma_store=1),
     "128x64_k128_ts1": GemmConfig(128, 64, 128, 8, 3, tma_store=1),
 }
 DOWN = {
+    "pair_128x128_s4": GemmConfig(128, 128, 64, 8, 4, pair_rows=True),
+    "pair_128x128_s3": GemmConfig(128, 128, 64, 8, 3, pair_rows=True),
+    "128x128_s4": GemmConfig(128, 128, 64, 8, 4),
     "128x128_k128_flat": GemmConfig(128, 128, 128, 8, 3, flatten=True),
-    "128x128_k128_ts1": GemmConfig(128, 128, 128, 8, 3, tma_store=1),
-    "128x256_k128_s2_flat": GemmConfig(128, 256, 128, 8, 2, flatten=True),
-    "128x256_k128_s2": GemmConfig(128, 256, 128, 8, 2),
 }
 
 

@@ -222,6 +222,33 @@ def test_schedules_interpreted(interpreted, layout, cfg, fused):
     assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
 
 
+@pytest.mark.parametrize("layout", SCHEDULE_LAYOUTS, ids=[lay.name for lay in SCHEDULE_LAYOUTS])
+def test_pair_rows_interpreted(interpreted, layout):
+    """Pair tiles (``pair_rows``): items of two row tiles sharing each weight tile load; a segment
+    ending in the first half takes the one-half loop. Same results, tail zero."""
+    gemm = interpreted[0]
+    x, w, _, _, cu, _ = experts_inputs(layout, torch.float16)
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.float16)
+    gemm.launch_grouped_gemm(x, w, cu, out, configs.GemmConfig(16, 16, 16, 1, 1, pair_rows=True), use_tma=True)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, grouped_gemm_ref(x, w, cu)) <= TOLERANCE[torch.float16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+
+
+def test_pair_rows_is_refused_where_it_does_not_apply(interpreted):
+    gemm = interpreted[0]
+    layout = LAYOUTS[0]
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.float16)
+    out = torch.empty(layout.nvs, layout.n, dtype=torch.float16)
+    for cfg in (configs.GemmConfig(16, 16, 16, 1, 1, pair_rows=True, tma_store=1),
+                configs.GemmConfig(16, 16, 16, 1, 1, pair_rows=True, flatten=True)):
+        with pytest.raises(ValueError, match="pair_rows"):
+            gemm.launch_grouped_gemm(x, w_gate, cu, out, cfg, use_tma=True)
+    with pytest.raises(ValueError, match="pair_rows"):
+        gemm.launch_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu, out,
+                                          configs.GemmConfig(16, 16, 16, 1, 1, pair_rows=True), use_tma=True)
+
+
 def test_flatten_with_tma_store_is_refused(interpreted):
     """Triton 3.6 cannot compile that pair (found by the H200 sweep): a clear error, not a crash."""
     gemm = interpreted[0]

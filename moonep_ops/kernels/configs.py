@@ -22,6 +22,7 @@ class GemmConfig:
     flatten: bool = False  # software-pipeline across tiles (next tile's loads under this epilogue)
     warp_specialize: bool = False  # producer/consumer warps (Triton's automatic warp specialization)
     tma_store: int = 0  # full tiles stored by TMA in this many column pieces (0: masked stores only)
+    pair_rows: bool = False  # plain GEMM: items of 2 * block_m rows sharing each weight tile load
 
 
 @dataclasses.dataclass(frozen=True)
