@@ -51,7 +51,7 @@ def test_experts_fullgraph(impl, dtype, backend, fresh_dynamo):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("impl,dtype", CASES)
 def test_experts_out_fullgraph(impl, dtype, backend, fresh_dynamo):
-    """``out=``: a mutating op (``grouped_gemm_out``) must survive functionalization."""
+    """``out=``: a mutating op (``experts_out``) must survive functionalization."""
     fn = IMPLS[impl]
     inputs = experts_inputs(SHAPE, dtype)
     live = int(inputs[4][-1])
