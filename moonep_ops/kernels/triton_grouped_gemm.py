@@ -15,10 +15,13 @@ program first scans ``cu_seqlens`` on the device to count the real row tiles (ea
 cut into ``cdiv(len, BLOCK_M)`` tiles) and the tail tiles (rows ``[cu[-1], NvS)``), then walks
 work items ``(row tile, column tile)`` with stride ``num_programs``; columns vary fastest, so
 programs running together share a segment's ``a`` rows and stream its weights once. The tail
-tiles (zeros) follow in a second loop on the same stride. Empty segments and the tail cost no
-GEMM work, whatever ``NvS`` says. Nothing syncs the host. Hopper schedule knobs (from the
-config, TMA path only): ``FLATTEN`` (the software pipeliner issues the next item's loads under
-this item's epilogue), ``WARP_SPEC`` (Triton's producer/consumer warp specialization).
+tiles (zeros) follow in a second loop on the same stride (``ZERO_TAIL=False`` skips them, for an
+intermediate that only these kernels read). Empty segments and the tail cost no GEMM work,
+whatever ``NvS`` says. Nothing syncs the host. Hopper schedule knobs (from the config, TMA path
+only): ``FLATTEN`` (the software pipeliner issues the next item's loads under this item's
+epilogue), ``WARP_SPEC`` (Triton's producer/consumer warp specialization), ``SCHED_M = 2 *
+BLOCK_M`` (plain GEMM: an item is two row tiles that share each weight tile load; a segment that
+ends in the first half takes a one-half loop).
 
 Loads. Portable path: masked pointer loads (sm80+, any strides, any K). Hopper path
 (``USE_TMA``): tensor-memory-accelerator descriptors for ``a`` and ``w`` (rows past a segment's
