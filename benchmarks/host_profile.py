@@ -4,7 +4,7 @@ import cProfile
 import pstats
 
 from .paths import PATHS
-from .run import host_cost_us, tiny_problem
+from .run import host_costs_interleaved, tiny_problem
 
 
 def main():
@@ -15,9 +15,7 @@ def main():
     for fast in (True, False):
         fast_launch.ENABLED = fast
         triton_grouped_gemm._PLANS.clear()
-        for inference in (True, False):
-            print(f"fast_launch={fast} inference_mode={inference}:",
-                  {name: round(host_cost_us(f, inference=inference), 1) for name, f in PATHS.items()})
+        print(f"fast_launch={fast}:", {name: round(us, 1) for name, us in host_costs_interleaved(PATHS).items()})
     fast_launch.ENABLED = enabled
     args = tiny_problem()
     for _ in range(10):

@@ -29,7 +29,7 @@ from moonep_ops.kernels import configs
 from moonep_ops.kernels.configs import GemmConfig
 from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_silu_mul
 
-from .run import environment
+from .run import capture_graph, environment
 from .shapes import SHAPES, build_problem
 
 CAP = (9, 0)
@@ -56,22 +56,9 @@ def committed(role, shape, nvs) -> GemmConfig:
     return configs.gemm_config(shape.hidden, shape.inter, nvs, torch.bfloat16, CAP)
 
 
-def _graph(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def time_interleaved(fns: dict, rounds: int, reps: int) -> dict:
     """name -> {"us": median over rounds of the per-round median, "rounds_us": [...]}."""
-    graphs = {name: _graph(fn) for name, fn in fns.items()}
+    graphs = {name: capture_graph(fn, warmup=2) for name, fn in fns.items()}
     per_round = {name: [] for name in graphs}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for r in range(rounds):

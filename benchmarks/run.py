@@ -25,16 +25,23 @@ def environment() -> dict:
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
-def _median_graph_ms(fn, reps: int) -> float:
+def capture_graph(fn, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph, after ``warmup`` eager calls on a side stream (first-call
+    compiles and allocations happen outside the capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph
+
+
+def _median_graph_ms(fn, reps: int) -> float:
+    graph = capture_graph(fn)
     for _ in range(5):
         graph.replay()
     times = []
@@ -60,13 +67,6 @@ def measure_ceilings() -> dict:
     tbps = 2 * src.numel() * src.element_size() / ms / 1e9
     del a, b, src, dst
     return {"matmul_tflops": tflops, "copy_tbps": tbps}
-
-
-def host_cost_us(fn, reps=200, inference=True) -> float:
-    """Eager host time per call on a tiny problem (GPU time negligible), under
-    ``torch.inference_mode()`` as in vLLM by default."""
-    with torch.inference_mode(inference):
-        return _host_cost_us(fn, reps)
 
 
 def host_costs_interleaved(paths: dict, rounds: int = 7, reps: int = 200) -> dict:
@@ -105,21 +105,6 @@ def tiny_problem() -> tuple:
     rw = torch.rand(nvs, device="cuda")
     out = torch.empty(nvs, h, device="cuda", dtype=torch.bfloat16)
     return x, wg, wu, wd, cu, rw, out
-
-
-def _host_cost_us(fn, reps) -> float:
-    args = tiny_problem()
-    for _ in range(20):
-        fn(*args)
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn(*args)
-        samples.append((time.perf_counter() - t0) / reps * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 # The ceilings shared/BASELINE.md's floors use (measured there on the same kind of H200):

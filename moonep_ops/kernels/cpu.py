@@ -102,8 +102,7 @@ def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
     _checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     _checks.check_cu_seqlens_values("experts", cu_seqlens, x.shape[0])
     out = torch.empty((x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
-    grouped_gemm_into(_grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens), w_down,
-                      cu_seqlens, out)
+    _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     return out
 
 
@@ -111,8 +110,12 @@ def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None
     _checks.check_experts("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     _checks.check_out("experts_out", out, (x.shape[0], x.shape[1]), x.dtype, x.device)
     _checks.check_cu_seqlens_values("experts_out", cu_seqlens, x.shape[0])
-    grouped_gemm_into(_grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens), w_down,
-                      cu_seqlens, out)
+    _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+
+
+def _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
+    act = _grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens)
+    grouped_gemm_into(act, w_down, cu_seqlens, out)
 
 
 lib.impl("grouped_gemm", grouped_gemm, "CPU")
