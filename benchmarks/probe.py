@@ -34,19 +34,19 @@ from .shapes import SHAPES, build_problem
 
 CAP = (9, 0)
 
-# name -> GemmConfig; "committed" is added per shape (configs.py's pick). Earlier sweeps
-# (probe_h200_configs.json, probe_h200_k128.json): 256-row tiles lose everywhere, BLOCK_K 128
-# helps the memory-bound shapes only. Next: pair tiles for the down GEMM (two 128-row halves
-# per weight tile load, one half when the segment ends in it: shared memory 192 KB, 231
-# registers, no spill on sm90 per scripts/aot_dump.py), against kimi-k2 S=1024's re-reads.
+# name -> GemmConfig, or a function of the committed config; "committed" is added per shape
+# (configs.py's pick). Earlier sweeps (probe_h200_configs.json, probe_h200_k128.json,
+# probe_h200_pair.json): 256-row tiles lose everywhere, BLOCK_K 128 helps the memory-bound
+# shapes only, pair tiles (two row tiles per weight tile load) lose 6-27%; segment-major item
+# order (group_major, now committed) cuts kimi-k2 S=1024 by 9-13%; with warp specialization
+# it loses (probe_h200_group_major_ws.json); two CTAs per SM (smaller tiles, 2 stages) lose
+# 0-30% on the memory-bound shapes (probe_h200_2cta.json).
 FUSED = {
-    "128x64_k128_ts1": GemmConfig(128, 64, 128, 8, 3, tma_store=1),
+    "row_major": lambda cfg: dataclasses.replace(cfg, group_major=False),
 }
 DOWN = {
-    "pair_128x128_s4": GemmConfig(128, 128, 64, 8, 4, pair_rows=True),
-    "pair_128x128_s3": GemmConfig(128, 128, 64, 8, 3, pair_rows=True),
-    "128x128_s4": GemmConfig(128, 128, 64, 8, 4),
-    "128x128_k128_flat": GemmConfig(128, 128, 128, 8, 3, flatten=True),
+    "row_major": lambda cfg: dataclasses.replace(cfg, group_major=False),
+    "128x128_k128_flat_gm": GemmConfig(128, 128, 128, 8, 3, flatten=True, group_major=True),
 }
 
 
@@ -54,6 +54,10 @@ def committed(role, shape, nvs) -> GemmConfig:
     if role == "fused":
         return configs.fused_gemm_config(shape.inter, shape.hidden, nvs, torch.bfloat16, CAP)
     return configs.gemm_config(shape.hidden, shape.inter, nvs, torch.bfloat16, CAP)
+
+
+def _resolve(cand, committed_cfg) -> GemmConfig:
+    return cand if isinstance(cand, GemmConfig) else cand(committed_cfg)
 
 
 def time_interleaved(fns: dict, rounds: int, reps: int) -> dict:
@@ -120,8 +124,8 @@ def _probe_shape(shape, padding, args) -> dict:
     row = {"shape": shape.name, "padding": padding, "nvs": nvs, "live": live, "roles": {}, "paths": {}}
     cands = {
         "fused": {"committed_zero_tail": (cfg_f, True), "committed": (cfg_f, False),
-                  **{k: (v, False) for k, v in FUSED.items()}},
-        "down": {"committed": (cfg_d, None), **{k: (v, None) for k, v in DOWN.items()}},
+                  **{k: (_resolve(v, cfg_f), False) for k, v in FUSED.items()}},
+        "down": {"committed": (cfg_d, None), **{k: (_resolve(v, cfg_d), None) for k, v in DOWN.items()}},
     }
     best = {}
     for role, role_cands in cands.items():

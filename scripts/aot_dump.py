@@ -8,6 +8,7 @@ look at what a config change does to the main loop before spending device time o
 
     python scripts/aot_dump.py --op fused --rows 48896 --k 2048 --n 768 --groups 132   # qwen3 gate/up
     python scripts/aot_dump.py --op plain --rows 20480 --k 2048 --n 7168 --groups 388 --arch 80
+    python scripts/aot_dump.py --op plain ... --config "128, 128, 64, 8, 3, programs_per_sm=2"  # a candidate
 """
 
 import argparse
@@ -58,7 +59,13 @@ def main(argv=None) -> int:
     parser.add_argument("--portable", action="store_true", help="MOONEP_OPS_PORTABLE=1")
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     parser.add_argument("--out", default="aot_dump")
+    parser.add_argument("--config", default=None,
+                        help='a GemmConfig to compile instead of the table\'s, e.g. "128, 64, 64, 8, 3, programs_per_sm=2"')
     args = parser.parse_args(argv)
+    if args.config:
+        from moonep_ops.kernels import configs
+        forced = eval(f"configs.GemmConfig({args.config})", {"configs": configs})
+        configs.gemm_config = configs.fused_gemm_config = lambda *a, **k: forced
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     compiler = KeepingCompiler(GPUTarget("cuda", args.arch, 128 if args.arch >= 90 else 32))

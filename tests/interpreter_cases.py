@@ -193,12 +193,15 @@ SCHEDULES = [
     configs.GemmConfig(16, 16, 16, 1, 1, tma_store=1),
     configs.GemmConfig(16, 32, 16, 1, 1, warp_specialize=True, tma_store=2),
     configs.GemmConfig(16, 16, 16, 1, 1, flatten=True),
+    configs.GemmConfig(16, 16, 16, 1, 1, flatten=True, group_major=True),
+    configs.GemmConfig(16, 16, 16, 1, 1, tma_store=1, group_major=True),
 ]
 SCHEDULE_LAYOUTS = [lay for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "tail_rows", "moonep_padded", "one_segment")]
 
 
 @pytest.mark.parametrize("fused", [False, True, "save"], ids=["plain", "fused", "fused_save"])
-@pytest.mark.parametrize("cfg", SCHEDULES, ids=["tma_store", "ws_tma_store_halves", "flatten"])
+@pytest.mark.parametrize("cfg", SCHEDULES, ids=["tma_store", "ws_tma_store_halves", "flatten", "flatten_group_major",
+                                                "tma_store_group_major"])
 @pytest.mark.parametrize("layout", SCHEDULE_LAYOUTS, ids=[lay.name for lay in SCHEDULE_LAYOUTS])
 def test_schedules_interpreted(interpreted, layout, cfg, fused):
     gemm = interpreted[0]
@@ -222,31 +225,34 @@ def test_schedules_interpreted(interpreted, layout, cfg, fused):
     assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
 @pytest.mark.parametrize("layout", SCHEDULE_LAYOUTS, ids=[lay.name for lay in SCHEDULE_LAYOUTS])
-def test_pair_rows_interpreted(interpreted, layout):
-    """Pair tiles (``pair_rows``): items of two row tiles sharing each weight tile load; a segment
-    ending in the first half takes the one-half loop. Same results, tail zero."""
+def test_group_major_portable_interpreted(interpreted, layout, fused):
+    """``group_major`` is an item order, not a Hopper knob: the portable path keeps it too."""
     gemm = interpreted[0]
-    x, w, _, _, cu, _ = experts_inputs(layout, torch.float16)
-    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.float16)
-    gemm.launch_grouped_gemm(x, w, cu, out, configs.GemmConfig(16, 16, 16, 1, 1, pair_rows=True), use_tma=True)
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.float32, with_weights=True)
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.float32)
+    cfg = configs.GemmConfig(16, 16, 16, 1, 1, group_major=True)
+    if fused:
+        gemm.launch_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu, out, cfg)
+        ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
+    else:
+        gemm.launch_grouped_gemm(x, w_gate, cu, out, cfg)
+        ref = grouped_gemm_ref(x, w_gate, cu)
     assert not torch.isnan(out).any()
-    assert rel_err(out, grouped_gemm_ref(x, w, cu)) <= TOLERANCE[torch.float16]
+    assert rel_err(out, ref) <= TOLERANCE[torch.float32]
     assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
 
 
-def test_pair_rows_is_refused_where_it_does_not_apply(interpreted):
+def test_group_major_needs_the_register_schedule(interpreted):
+    """Past SMALL_G_MAX groups the item's segment is found by a scan: row-major order only."""
     gemm = interpreted[0]
-    layout = LAYOUTS[0]
-    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.float16)
-    out = torch.empty(layout.nvs, layout.n, dtype=torch.float16)
-    for cfg in (configs.GemmConfig(16, 16, 16, 1, 1, pair_rows=True, tma_store=1),
-                configs.GemmConfig(16, 16, 16, 1, 1, pair_rows=True, flatten=True)):
-        with pytest.raises(ValueError, match="pair_rows"):
-            gemm.launch_grouped_gemm(x, w_gate, cu, out, cfg, use_tma=True)
-    with pytest.raises(ValueError, match="pair_rows"):
-        gemm.launch_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu, out,
-                                          configs.GemmConfig(16, 16, 16, 1, 1, pair_rows=True), use_tma=True)
+    x = torch.randn(64, 16)
+    out = torch.empty(64, 16)
+    cfg = configs.GemmConfig(16, 16, 16, 1, 1, group_major=True)
+    for g, want in ((gemm.SMALL_G_MAX, True), (gemm.SMALL_G_MAX + 1, False)):
+        plan = gemm._plan(x, torch.randn(g, 16, 16), None, None, out, cfg, False)
+        assert plan.constexprs["GROUP_MAJOR"] is want
 
 
 def test_flatten_with_tma_store_is_refused(interpreted):

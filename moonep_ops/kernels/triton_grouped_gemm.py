@@ -19,9 +19,10 @@ tiles (zeros) follow in a second loop on the same stride (``ZERO_TAIL=False`` sk
 intermediate that only these kernels read). Empty segments and the tail cost no GEMM work,
 whatever ``NvS`` says. Nothing syncs the host. Hopper schedule knobs (from the config, TMA path
 only): ``FLATTEN`` (the software pipeliner issues the next item's loads under this item's
-epilogue), ``WARP_SPEC`` (Triton's producer/consumer warp specialization), ``SCHED_M = 2 *
-BLOCK_M`` (plain GEMM: an item is two row tiles that share each weight tile load; a segment that
-ends in the first half takes a one-half loop).
+epilogue), ``WARP_SPEC`` (Triton's producer/consumer warp specialization), ``GROUP_MAJOR``
+(items ordered segment by segment, column tile, then row tile fastest: the row tiles that share
+a weight tile are neighbouring items, so they run at the same time and the weight tile is read
+from DRAM once; with ``G <= SMALL_G_MAX`` only).
 
 Loads. Portable path: masked pointer loads (sm80+, any strides, any K). Hopper path
 (``USE_TMA``): tensor-memory-accelerator descriptors for ``a`` and ``w`` (rows past a segment's
@@ -120,6 +121,25 @@ def _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M: tl.co
 
 
 @triton.jit
+def _small_g_item(item, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl, g_incl,
+                  BLOCK_M: tl.constexpr, GROUP_MAJOR: tl.constexpr):
+    """Work item ``item`` from the in-register schedule: (g, first row, segment end, column tile)."""
+    if GROUP_MAJOR:
+        # Segment g owns items [excl_g * n_tiles, incl_g * n_tiles): column tile, then row tile.
+        hit = (g_excl * n_tiles <= item) & (item < g_incl * n_tiles)
+        g = tl.sum(tl.where(hit, offs_g, 0), 0)
+        local = item - tl.sum(tl.where(hit, g_excl, 0), 0) * n_tiles
+        count = tl.maximum(tl.sum(tl.where(hit, g_tiles, 0), 0), 1)
+        row_lo = tl.sum(tl.where(hit, g_starts, 0), 0) + (local % count) * BLOCK_M
+        seg_end = tl.sum(tl.where(hit, g_ends, 0), 0)
+        pid_n = local // count
+    else:
+        pid_n = item % n_tiles
+        g, row_lo, seg_end = _small_g_segment(item // n_tiles, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M)
+    return g, row_lo, seg_end, pid_n
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, u_ptr, a2_ptr, rw_ptr, out_ptr, gate_out_ptr, up_out_ptr, cu_ptr,
     a_desc, w_desc, u_desc, a2_desc, o_desc,
@@ -131,12 +151,8 @@ def _moe_gemm_kernel(
     BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr, PRECISION: tl.constexpr,
     W_KN: tl.constexpr = False, FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
     TMA_STORE: tl.constexpr = 0, DUAL: tl.constexpr = False, SAVE: tl.constexpr = False,
-    ZERO_TAIL: tl.constexpr = True, SCHED_M: tl.constexpr = 0,
+    ZERO_TAIL: tl.constexpr = True, GROUP_MAJOR: tl.constexpr = False,
 ):
-    # SCHED_M: the rows of one work item (0: BLOCK_M). 2 * BLOCK_M ("pair" tiles, plain TMA GEMM
-    # only): one program computes both BLOCK_M halves of an item from one load of each weight
-    # tile, and only the first half when the segment ends inside it.
-    ITEM_M: tl.constexpr = BLOCK_M if SCHED_M == 0 else SCHED_M
     # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
     if SMALL_G:
         # All of cu_seqlens fits one block: keep the tile prefix sums in registers for the
@@ -144,12 +160,12 @@ def _moe_gemm_kernel(
         offs_g = tl.arange(0, BLOCK_G)
         g_ends = tl.load(cu_ptr + offs_g, mask=offs_g < G, other=0)
         g_starts = tl.load(cu_ptr + offs_g - 1, mask=(offs_g > 0) & (offs_g < G), other=0)
-        g_tiles = tl.cdiv(tl.maximum(g_ends - g_starts, 0), ITEM_M)
+        g_tiles = tl.cdiv(tl.maximum(g_ends - g_starts, 0), BLOCK_M)
         g_incl = tl.cumsum(g_tiles, 0)
         g_excl = g_incl - g_tiles
         real_tiles = tl.sum(g_tiles, 0)
     else:
-        _, _, _, real_tiles = locate_tile(cu_ptr, G, -1, ITEM_M, BLOCK_G)
+        _, _, _, real_tiles = locate_tile(cu_ptr, G, -1, BLOCK_M, BLOCK_G)
     live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
     tail_tiles = tl.cdiv(NUM_ROWS - live_end, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -158,20 +174,20 @@ def _moe_gemm_kernel(
     num_progs = tl.num_programs(0)
 
     offs_k = tl.arange(0, BLOCK_K)
-    # Real work items (row tile, column tile), columns fastest. FLATTEN lets the software
+    # Real work items (row tile, column tile), columns fastest (GROUP_MAJOR: see the module
+    # docstring). FLATTEN lets the software
     # pipeliner issue the next item's loads under this item's epilogue; the epilogue then
     # re-derives its own item from a second counter (``item_c``), so that it does not depend on
     # values of the loop's prologue.
     item_c = pid - num_progs
     for item in tl.range(pid, real_items, num_progs, flatten=FLATTEN, warp_specialize=WARP_SPEC):
-        t = item // n_tiles
-        pid_n = item % n_tiles
         if SMALL_G:
-            g, row_lo, seg_end = _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, ITEM_M)
+            g, row_lo, seg_end, pid_n = _small_g_item(item, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl,
+                                                      g_incl, BLOCK_M, GROUP_MAJOR)
         else:
-            g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, t, ITEM_M, BLOCK_G)
+            pid_n = item % n_tiles
+            g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, item // n_tiles, BLOCK_M, BLOCK_G)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_hi = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # pair tiles' second half
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if USE_TMA and W_KN:
             # w[g] is stored [K, N] (the dgrad's transposed view of [G, N', K'] weights): the
@@ -184,19 +200,6 @@ def _moe_gemm_kernel(
                 for k0 in range(0, K, BLOCK_K):
                     a2 = a2_desc.load([row_lo, k0])
                     acc = tl.dot(a2, u_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
-        elif USE_TMA and ITEM_M > BLOCK_M:
-            # Pair tile: each weight tile is loaded once for both halves. A second loop serves the
-            # items whose segment ends in the first half (no MMAs on rows that are not there).
-            w_row = g * N + pid_n * BLOCK_N
-            if row_lo + BLOCK_M < tl.minimum(seg_end, NUM_ROWS):
-                for k0 in range(0, K, BLOCK_K):
-                    w_t = w_desc.load([w_row, k0]).T
-                    acc = tl.dot(a_desc.load([row_lo, k0]), w_t, acc, input_precision=PRECISION)
-                    acc_hi = tl.dot(a_desc.load([row_lo + BLOCK_M, k0]), w_t, acc_hi, input_precision=PRECISION)
-            else:
-                for k0 in range(0, K, BLOCK_K):
-                    acc = tl.dot(a_desc.load([row_lo, k0]), w_desc.load([w_row, k0]).T, acc,
-                                 input_precision=PRECISION)
         elif USE_TMA:
             w_row = g * N + pid_n * BLOCK_N
             for k0 in range(0, K, BLOCK_K):
@@ -243,12 +246,12 @@ def _moe_gemm_kernel(
         # Epilogue.
         item_c += num_progs
         if FLATTEN:
-            t = item_c // n_tiles
-            pid_n = item_c % n_tiles
             if SMALL_G:
-                g, row_lo, seg_end = _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, ITEM_M)
+                g, row_lo, seg_end, pid_n = _small_g_item(item_c, n_tiles, offs_g, g_starts, g_ends, g_tiles,
+                                                          g_excl, g_incl, BLOCK_M, GROUP_MAJOR)
             else:
-                g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, t, ITEM_M, BLOCK_G)
+                pid_n = item_c % n_tiles
+                g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, item_c // n_tiles, BLOCK_M, BLOCK_G)
         rows = row_lo + tl.arange(0, BLOCK_M)
         row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -278,10 +281,6 @@ def _moe_gemm_kernel(
                 store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on)
         else:
             store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on)
-        if ITEM_M > BLOCK_M:  # the second half (all rows masked off when the segment ended)
-            rows_hi = rows + BLOCK_M
-            store_tile(out_ptr, acc_hi.to(out_ptr.dtype.element_ty), rows_hi, cols,
-                       (rows_hi < tl.minimum(seg_end, NUM_ROWS)) & (rows_hi >= 0), col_mask, stride_om, stride_on)
 
     # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
     # ZERO_TAIL=False leaves them unwritten (an intermediate that only segment-aware kernels read).
@@ -358,15 +357,9 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     (gate_out, up_out)`` (``out``'s shape, dtype and strides) also writes gate and up."""
     if not use_tma:  # the schedule knobs are measured (and meant) for the Hopper TMA path only
         cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0)
-    if not use_tma:
-        cfg = dataclasses.replace(cfg, pair_rows=False)
     if cfg.flatten and cfg.tma_store:
         # Triton 3.6 fails to compile a flattened loop around the full/partial store branch.
         raise ValueError("GemmConfig: flatten and tma_store cannot be combined")
-    if cfg.pair_rows and (w_up is not None or a2 is not None or is_kn_view(w) or cfg.flatten
-                          or cfg.warp_specialize or cfg.tma_store):
-        raise ValueError("GemmConfig: pair_rows is for the plain GEMM with TMA loads, without flatten, "
-                         "warp specialization or TMA stores")
     num_rows, k = a.shape
     g, n, _ = w.shape
     items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
@@ -410,7 +403,7 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
                         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_KN=w_kn,
                         FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual,
                         SAVE=saved is not None, ZERO_TAIL=zero_tail,
-                        SCHED_M=2 * cfg.block_m if cfg.pair_rows else 0),
+                        GROUP_MAJOR=cfg.group_major and g <= SMALL_G_MAX),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs,
     )
 
