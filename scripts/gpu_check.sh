@@ -41,8 +41,11 @@ status=0
 } | tee "$OUT/summary.txt"
 run_pytest() {  # name, extra env..., pytest args
   local name=$1; shift
-  python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit_$name.xml" "$@" 2>&1 | tee "$OUT/pytest_$name.log" | tail -n 25
-  local rc=${PIPESTATUS[0]}
+  # -v: every result is named in the log as it happens (a run cut by the call's time limit
+  # still names its failures; -q with xdist names none until the end).
+  python3 -m pytest -v -rfE -p no:cacheprovider --junitxml="$OUT/junit_$name.xml" "$@" > "$OUT/pytest_$name.log" 2>&1
+  local rc=$?
+  grep -E "^(FAILED|ERROR) |\] (FAILED|ERROR) " "$OUT/pytest_$name.log" | sort -u | head -n 20
   echo "pytest[$name] rc=$rc: $(tail -n 1 "$OUT/pytest_$name.log")" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 }
