@@ -54,6 +54,13 @@ def _check_dtype(op_name: str, arg: str, t: torch.Tensor) -> None:
     )
 
 
+def _check_same_dtype(op_name: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    _check(
+        t.dtype == ref.dtype,
+        _fail(op_name, lambda: f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; they must match"),
+    )
+
+
 def _check_same_device(op_name: str, ref_name: str, ref: torch.Tensor, **others) -> None:
     for name, t in others.items():
         if t is None:
@@ -136,10 +143,7 @@ def check_silu_mul_weight(op_name: str, gate: torch.Tensor, up: torch.Tensor,
         _fail(op_name, lambda: f"up has shape {_shape(up)} but gate has shape {_shape(gate)}; they must match"),
     )
     _check_dtype(op_name, "gate", gate)
-    _check(
-        up.dtype == gate.dtype,
-        _fail(op_name, lambda: f"up has dtype {up.dtype} but gate has dtype {gate.dtype}; they must match"),
-    )
+    _check_same_dtype(op_name, "up", up, "gate", gate)
     _check_same_device(op_name, "gate", gate, up=up, route_weights=route_weights,
                        cu_seqlens=cu_seqlens)
     _check_route_weights(op_name, route_weights, gate, "gate")
@@ -191,10 +195,7 @@ def check_grouped_gemm_silu_mul(op_name: str, x: torch.Tensor, w_gate: torch.Ten
         _fail(op_name, lambda: f"w_up has shape {_shape(w_up)} but w_gate has shape {_shape(w_gate)}; "
               "they must match ([G, I, H])"),
     )
-    _check(
-        w_up.dtype == x.dtype,
-        _fail(op_name, lambda: f"w_up has dtype {w_up.dtype} but x has dtype {x.dtype}; they must match"),
-    )
+    _check_same_dtype(op_name, "w_up", w_up, "x", x)
     _check_same_device(op_name, "x", x, w_up=w_up, route_weights=route_weights)
     _check_route_weights(op_name, route_weights, x, "x")
 
@@ -209,8 +210,5 @@ def check_experts(op_name: str, x: torch.Tensor, w_gate: torch.Tensor, w_up: tor
         _fail(op_name, lambda: f"w_down must be [G, H, I] = [{', '.join(str(e) for e in expected)}] "
               f"(G, I from w_gate, H from x), got shape {_shape(w_down)}"),
     )
-    _check(
-        w_down.dtype == x.dtype,
-        _fail(op_name, lambda: f"w_down has dtype {w_down.dtype} but x has dtype {x.dtype}; they must match"),
-    )
+    _check_same_dtype(op_name, "w_down", w_down, "x", x)
     _check_same_device(op_name, "x", x, w_down=w_down)

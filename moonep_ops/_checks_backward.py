@@ -7,7 +7,8 @@ checks and these can change independently.
 
 import torch
 
-from ._checks import (_check, _check_cu_seqlens_meta, _check_dtype, _check_same_device, _fail, _shape,
+from ._checks import (_check, _check_cu_seqlens_meta, _check_dtype, _check_same_device, _check_same_dtype, _fail,
+                      _shape,
                       check_grouped_gemm_silu_mul, check_silu_mul_weight)
 
 
@@ -17,11 +18,7 @@ def _check_same_shape_dtype(op_name: str, name: str, t: torch.Tensor, ref_name: 
         _fail(op_name, lambda: f"{name} has shape {_shape(t)} but {ref_name} has shape {_shape(ref)}; "
               "they must match"),
     )
-    _check(
-        t.dtype == ref.dtype,
-        _fail(op_name, lambda: f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; "
-              "they must match"),
-    )
+    _check_same_dtype(op_name, name, t, ref_name, ref)
 
 
 def check_grouped_gemm_dgrad(op_name: str, grad_out: torch.Tensor, w: torch.Tensor,
@@ -37,10 +34,7 @@ def check_grouped_gemm_dgrad(op_name: str, grad_out: torch.Tensor, w: torch.Tens
               "N must match (grad_a = grad_out @ w[g])"),
     )
     _check_dtype(op_name, "grad_out", grad_out)
-    _check(
-        w.dtype == grad_out.dtype,
-        _fail(op_name, lambda: f"w has dtype {w.dtype} but grad_out has dtype {grad_out.dtype}; they must match"),
-    )
+    _check_same_dtype(op_name, "w", w, "grad_out", grad_out)
     _check_same_device(op_name, "grad_out", grad_out, w=w, cu_seqlens=cu_seqlens)
     _check_cu_seqlens_meta(op_name, cu_seqlens, w.shape[0])
 
@@ -66,10 +60,7 @@ def check_grouped_gemm_wgrad(op_name: str, grad_out: torch.Tensor, a: torch.Tens
               "NvS must match (grad_w[g] = grad_out[seg].T @ a[seg])"),
     )
     _check_dtype(op_name, "grad_out", grad_out)
-    _check(
-        a.dtype == grad_out.dtype,
-        _fail(op_name, lambda: f"a has dtype {a.dtype} but grad_out has dtype {grad_out.dtype}; they must match"),
-    )
+    _check_same_dtype(op_name, "a", a, "grad_out", grad_out)
     _check_same_device(op_name, "grad_out", grad_out, a=a, cu_seqlens=cu_seqlens)
     _check_cu_seqlens_meta(op_name, cu_seqlens)
 
@@ -91,10 +82,7 @@ def check_grouped_gemm_silu_mul_backward(op_name: str, grad: torch.Tensor, x: to
         _fail(op_name, lambda: f"grad has shape {_shape(grad)}, expected [NvS, I] = "
               f"[{expected[0]}, {expected[1]}] (the forward output's shape)"),
     )
-    _check(
-        grad.dtype == x.dtype,
-        _fail(op_name, lambda: f"grad has dtype {grad.dtype} but x has dtype {x.dtype}; they must match"),
-    )
+    _check_same_dtype(op_name, "grad", grad, "x", x)
     _check_same_device(op_name, "x", x, grad=grad)
 
 

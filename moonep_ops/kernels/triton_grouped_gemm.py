@@ -19,10 +19,10 @@ tiles (zeros) follow in a second loop on the same stride (``ZERO_TAIL=False`` sk
 intermediate that only these kernels read). Empty segments and the tail cost no GEMM work,
 whatever ``NvS`` says. Nothing syncs the host. Hopper schedule knobs (from the config, TMA path
 only): ``FLATTEN`` (the software pipeliner issues the next item's loads under this item's
-epilogue), ``WARP_SPEC`` (Triton's producer/consumer warp specialization), ``GROUP_MAJOR``
-(items ordered segment by segment, column tile, then row tile fastest: the row tiles that share
-a weight tile are neighbouring items, so they run at the same time and the weight tile is read
-from DRAM once; with ``G <= SMALL_G_MAX`` only).
+epilogue), ``WARP_SPEC`` (Triton's producer/consumer warp specialization). ``GROUP_MAJOR`` (any
+path, ``G <= SMALL_G_MAX`` only) orders the items segment by segment, column tile, then row tile
+fastest: the row tiles that share a weight tile are neighbouring items, so they run at the same
+time and the weight tile is read from DRAM once.
 
 Loads. Portable path: masked pointer loads (sm80+, any strides, any K). Hopper path
 (``USE_TMA``): tensor-memory-accelerator descriptors for ``a`` and ``w`` (rows past a segment's
@@ -175,8 +175,8 @@ def _moe_gemm_kernel(
 
     offs_k = tl.arange(0, BLOCK_K)
     # Real work items (row tile, column tile), columns fastest (GROUP_MAJOR: see the module
-    # docstring). FLATTEN lets the software
-    # pipeliner issue the next item's loads under this item's epilogue; the epilogue then
+    # docstring). FLATTEN lets the software pipeliner issue the next item's loads under this
+    # item's epilogue; the epilogue then
     # re-derives its own item from a second counter (``item_c``), so that it does not depend on
     # values of the loop's prologue.
     item_c = pid - num_progs
