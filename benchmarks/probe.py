@@ -10,8 +10,10 @@ is checked against the committed config's on the live rows first.
 Per shape (padding 128 unless ``--paddings``): the fused gate/up GEMM and the down GEMM with the
 committed config and with ``FUSED`` / ``DOWN`` below (the fused ones leave ``act``'s tail
 unwritten, as the ``experts`` op does; ``committed_zero_tail`` writes it), then whole paths
-(fused then down in one graph): ``zero_act_tail`` (the two public ops composed), ``experts``
-(what the ``experts`` op runs) and the fastest config of each role together.
+(fused then down in one graph, all checked to give the same ``out``): ``zero_act_tail`` (the
+two public ops composed), ``no_pdl`` (the fused GEMM then the down GEMM, plainly), ``pdl`` (what
+the ``experts`` op runs on Hopper: the down GEMM a programmatic dependent launch of the fused one,
+warming L2 with its first weight tile), ``pdl_no_prefetch`` and the fastest config of each role.
 Results so far: ``benchmarks/results/probe_h200_*.json`` and ``scripts/gpu_check_results.md``.
 ``--mode profile`` runs each role once with the committed configs (for ``ncu``).
 Usage: python -m benchmarks.probe [--shapes 0,1,2,3,4,5] [--out probe.json]
@@ -27,6 +29,7 @@ import torch
 
 from moonep_ops.kernels import configs
 from moonep_ops.kernels.configs import GemmConfig
+from moonep_ops.kernels import triton_grouped_gemm as gemm
 from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_silu_mul
 
 from .run import capture_graph, environment
@@ -38,16 +41,11 @@ CAP = (9, 0)
 # (configs.py's pick). Earlier sweeps (probe_h200_configs.json, probe_h200_k128.json,
 # probe_h200_pair.json): 256-row tiles lose everywhere, BLOCK_K 128 helps the memory-bound
 # shapes only, pair tiles (two row tiles per weight tile load) lose 6-27%; segment-major item
-# order (group_major; not in the table yet, see configs.py) cuts kimi-k2 S=1024 by 9-13%; with warp specialization
+# order (group_major) cuts kimi-k2 S=1024 by 9-13%; with warp specialization
 # it loses (probe_h200_group_major_ws.json); two CTAs per SM (smaller tiles, 2 stages) lose
 # 0-30% on the memory-bound shapes (probe_h200_2cta.json).
-FUSED = {
-    "group_major": lambda cfg: dataclasses.replace(cfg, group_major=True),
-}
-DOWN = {
-    "group_major": lambda cfg: dataclasses.replace(cfg, group_major=True),
-    "128x128_k128_flat_gm": GemmConfig(128, 128, 128, 8, 3, flatten=True, group_major=True),
-}
+FUSED = {}
+DOWN = {}
 
 
 def committed(role, shape, nvs) -> GemmConfig:
@@ -111,8 +109,18 @@ def _probe_shape(shape, padding, args) -> dict:
     def fused(cfg, zero_tail=False):
         return lambda: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, act, cfg, True, zero_tail=zero_tail)
 
-    def down(cfg):
-        return lambda: launch_grouped_gemm(act, wd, cu, out, cfg, True)
+    def down(cfg, pdl=""):
+        return lambda: launch_grouped_gemm(act, wd, cu, out, cfg, True, pdl=pdl)
+
+    def pdl_path(prefetch):
+        def run():
+            saved, gemm.PREFETCH_FIRST_WEIGHT_TILE = gemm.PREFETCH_FIRST_WEIGHT_TILE, prefetch
+            try:
+                launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, act, cfg_f, True, zero_tail=False, pdl="primary")
+                down(cfg_d, "dependent")()
+            finally:
+                gemm.PREFETCH_FIRST_WEIGHT_TILE = saved
+        return run
 
     cfg_f, cfg_d = committed("fused", shape, nvs), committed("down", shape, nvs)
     if args.mode == "profile":
@@ -155,8 +163,21 @@ def _probe_shape(shape, padding, args) -> dict:
         best[role] = min((n for n in timed if n != "committed_zero_tail"), key=lambda n: timed[n]["us"])
     bf, bd = cands["fused"][best["fused"]][0], cands["down"][best["down"]][0]
     paths = {"zero_act_tail": lambda: (fused(cfg_f, True)(), down(cfg_d)()),
-             "experts": lambda: (fused(cfg_f)(), down(cfg_d)()),
+             "no_pdl": lambda: (fused(cfg_f)(), down(cfg_d)()),
+             "pdl": pdl_path(True), "pdl_no_prefetch": pdl_path(False),
              f"best:{best['fused']}+{best['down']}": lambda: (fused(bf)(), down(bd)())}
+    ref = None
+    for name, fn in paths.items():  # every path writes the same ``out`` (tail zeros included)
+        act.fill_(float("nan"))
+        out.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        if ref is None:
+            ref = out.float().clone()
+        err = float((out.float() - ref).norm() / ref.norm())
+        print(f"  path  {name:<40} rel err vs the first path {err:.2e}", flush=True)
+        if not err <= 1e-6:
+            raise RuntimeError(f"path {name}: wrong result (rel err {err:.3g})")
     for name, r in time_interleaved(paths, args.rounds, args.reps).items():
         row["paths"][name] = r
         print(f"  path  {name:<40} {r['us']:8.1f} us  rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}",

@@ -50,7 +50,8 @@ def _pipeline_summary(ptx: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--op", choices=["plain", "fused", "fused_save"], default="fused")
+    parser.add_argument("--op", choices=["plain", "fused", "fused_save", "experts"], default="fused",
+                        help="experts: the fused GEMM then the down GEMM (its PDL dependent on Hopper)")
     parser.add_argument("--rows", type=int, required=True, help="NvS")
     parser.add_argument("--k", type=int, required=True, help="reduction size (H for gate/up)")
     parser.add_argument("--n", type=int, required=True, help="output columns (I for gate/up)")
@@ -78,8 +79,10 @@ def main(argv=None) -> int:
             cuda.grouped_gemm(x, w_gate, cu)
         elif args.op == "fused":
             cuda.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
-        else:
+        elif args.op == "fused_save":
             cuda.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
+        else:
+            cuda.experts(x, w_gate, w_up, torch.empty(g, k, n, dtype=dtype), rw, cu)
     os.makedirs(args.out, exist_ok=True)
     for i, (name, consts, options, compiled) in enumerate(compiler.kept):
         stem = os.path.join(args.out, f"{i}_{name}_sm{args.arch}")

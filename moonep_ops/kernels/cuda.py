@@ -90,8 +90,12 @@ def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> Non
     cu = _dense(cu_seqlens)
     act = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
     run_moe_gemm(x, w_gate, w_up, _dense(route_weights), cu, act, _choose_fused, portable_only(),
-                 zero_tail=False)
-    run_moe_gemm(act, w_down, None, None, cu, out, _choose_plain, portable_only())
+                 zero_tail=False, pdl="primary")
+    # The down GEMM is launched as a programmatic dependent of the fused one (Hopper): its programs
+    # start as the fused kernel's finish. Only when the fused kernel did launch (I > 0), so that
+    # it is the kernel right before it.
+    run_moe_gemm(act, w_down, None, None, cu, out, _choose_plain, portable_only(),
+                 pdl="dependent" if w_gate.shape[1] > 0 else "")
 
 
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:

@@ -41,6 +41,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import fast_launch
@@ -140,6 +141,16 @@ def _small_g_item(item, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl, g_in
 
 
 @triton.jit
+def _prefetch_rows_l2(ptr, row0, row_end, stride_row, BLOCK_N: tl.constexpr, NBYTES: tl.constexpr):
+    """Bulk-prefetch the first ``NBYTES`` of rows ``[row0, row0 + BLOCK_N)`` (clamped below
+    ``row_end``) into L2 (sm90 ``cp.async.bulk.prefetch``; a hint: no data reaches the program)."""
+    rows = tl.minimum(row0 + tl.arange(0, BLOCK_N), row_end - 1)
+    ptrs = ptr + rows.to(tl.int64) * stride_row
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
+                              [ptrs, tl.full((BLOCK_N,), NBYTES, tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, u_ptr, a2_ptr, rw_ptr, out_ptr, gate_out_ptr, up_out_ptr, cu_ptr,
     a_desc, w_desc, u_desc, a2_desc, o_desc,
@@ -152,7 +163,12 @@ def _moe_gemm_kernel(
     W_KN: tl.constexpr = False, FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
     TMA_STORE: tl.constexpr = 0, DUAL: tl.constexpr = False, SAVE: tl.constexpr = False,
     ZERO_TAIL: tl.constexpr = True, GROUP_MAJOR: tl.constexpr = False,
+    LAUNCH_DEPENDENTS: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
 ):
+    if LAUNCH_DEPENDENTS:
+        # Programmatic dependent launch: the next kernel (launched with launch_pdl) may start
+        # its programs as SMs free up, instead of after this grid's last program ends.
+        gdc_launch_dependents()
     # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
     if SMALL_G:
         # All of cu_seqlens fits one block: keep the tile prefix sums in registers for the
@@ -172,6 +188,18 @@ def _moe_gemm_kernel(
     real_items = real_tiles * n_tiles
     pid = tl.program_id(0)
     num_progs = tl.num_programs(0)
+
+    if WAIT_PRIOR:
+        # Launched early (PDL) behind the kernel that writes ``a``: everything above reads only
+        # cu_seqlens, which that kernel does not write. Warm L2 with this program's first weight
+        # tile while it finishes, then wait for it (and its memory) before any load of ``a`` or
+        # any store.
+        if PREFETCH_BYTES > 0:
+            if pid < real_items:
+                g0, _, _, pid_n0 = _small_g_item(pid, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl, g_incl,
+                                                 BLOCK_M, GROUP_MAJOR)
+                _prefetch_rows_l2(w_ptr, g0 * N + pid_n0 * BLOCK_N, g0 * N + N, stride_wn, BLOCK_N, PREFETCH_BYTES)
+        gdc_wait()
 
     offs_k = tl.arange(0, BLOCK_K)
     # Real work items (row tile, column tile), columns fastest (GROUP_MAJOR: see the module
@@ -340,6 +368,7 @@ class _Plan:
     num_warps: int
     num_stages: int
     descs: tuple  # (shape, strides, block) of a, w, w_up, a2, out for TMA, or None each
+    launch_pdl: bool = False  # launched as a programmatic dependent of the previous kernel
 
     def args(self, a, w, u, a2, rw, out, gate_out, up_out, cu) -> list:
         descs = [None if geo is None else fast_launch.tensor_descriptor(t, *geo)
@@ -350,11 +379,25 @@ class _Plan:
 _FIRST_DESC = 9  # index of the first descriptor in _Plan.args
 
 
+PDL_ROLES = ("", "primary", "dependent")
+PREFETCH_FIRST_WEIGHT_TILE = True  # the PDL dependent warms L2 with its first weight tile (A/B switch)
+
+
 def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None, saved=None,
-          zero_tail: bool = True) -> _Plan:
+          zero_tail: bool = True, pdl: str = "") -> _Plan:
     """``a2`` given: the dual GEMM ``out = a @ w[g].T + a2 @ w_up[g].T`` (``a2`` with ``a``'s
     shape and strides); else ``w_up`` given: the fused SwiGLU GEMM, which with ``saved =
-    (gate_out, up_out)`` (``out``'s shape, dtype and strides) also writes gate and up."""
+    (gate_out, up_out)`` (``out``'s shape, dtype and strides) also writes gate and up.
+
+    ``pdl`` (Hopper TMA path only, else ignored; the caller guarantees the order): ``"primary"`` lets the next
+    kernel launch early; ``"dependent"`` is that next kernel: launched early, it scans its schedule
+    and prefetches its first weight tile into L2, then waits for the primary before touching ``a``
+    or ``out``. Only for a pair of launches back to back on one stream where the dependent's
+    ``cu_seqlens`` and weights are not written by the primary (the ``experts`` op)."""
+    if pdl not in PDL_ROLES:
+        raise ValueError(f"pdl must be one of {PDL_ROLES}, got {pdl!r}")
+    if not use_tma or a.device.type != "cuda":  # PDL is a Hopper feature (and not the interpreter's):
+        pdl = ""                                 # elsewhere the pair runs plainly one after the other
     if not use_tma:  # the schedule knobs are measured (and meant) for the Hopper TMA path only
         cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0)
     if cfg.flatten and cfg.tma_store:
@@ -392,6 +435,11 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     tma_store = cfg.tma_store if use_tma and tma_addressable(out) else 0
     if tma_store:
         descs = descs[:4] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // tma_store]),)
+    small_g = g <= SMALL_G_MAX
+    prefetch = 0
+    if pdl == "dependent" and small_g and not w_kn and PREFETCH_FIRST_WEIGHT_TILE:
+        # What the pipeline's first stages read of each weight row (16-byte multiples: TMA).
+        prefetch = min(k, cfg.block_k * cfg.num_stages) * w.element_size()
     return _Plan(
         grid=(max(1, min(items_bound, programs)),),
         ints=(g, num_rows, n, k, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
@@ -403,8 +451,9 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
                         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_KN=w_kn,
                         FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual,
                         SAVE=saved is not None, ZERO_TAIL=zero_tail,
-                        GROUP_MAJOR=cfg.group_major and g <= SMALL_G_MAX),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs,
+                        GROUP_MAJOR=cfg.group_major and g <= SMALL_G_MAX,
+                        LAUNCH_DEPENDENTS=pdl == "primary", WAIT_PRIOR=pdl == "dependent", PREFETCH_BYTES=prefetch),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs, launch_pdl=pdl == "dependent",
     )
 
 
@@ -418,25 +467,26 @@ def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out, a2=None, sa
     # The first launch of a plan builds checked descriptors.
     args[_FIRST_DESC:_FIRST_DESC + 5] = [None if geo is None else TensorDescriptor(t, *geo)
                                          for t, geo in zip((a, w, u, a2, out), plan.descs)]
+    options = dict(launch_pdl=True) if plan.launch_pdl else {}
     return _moe_gemm_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
-                                       num_stages=plan.num_stages)
+                                       num_stages=plan.num_stages, **options)
 
 
 def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
                     out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False, a2=None, saved=None,
-                    zero_tail: bool = True) -> None:
+                    zero_tail: bool = True, pdl: str = "") -> None:
     """Launch with an explicit config (interpreter tests, tuning sweeps)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
-    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2, saved, zero_tail), a, w, w_up, route_weights,
-            cu_seqlens, out, a2, saved)
+    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2, saved, zero_tail, pdl), a, w, w_up,
+            route_weights, cu_seqlens, out, a2, saved)
 
 
 _PLANS: dict = {}
 
 
 def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=None, saved=None,
-                 zero_tail: bool = True) -> None:
+                 zero_tail: bool = True, pdl: str = "") -> None:
     """The CUDA ops' entry. ``choose(a, w, w_up, a2) -> (GemmConfig, use_tma)`` (a module-level
     function) runs once per static signature and ``mode`` (any hashable, e.g. the portable
     switch); later calls reuse the plan and the compiled kernel (see :mod:`.fast_launch`)."""
@@ -449,10 +499,11 @@ def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=No
     key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), a2_arg.stride(), out.stride(), a.dtype,
            a.device, w_up is None, a2 is None, route_weights is None, saved is None, a.data_ptr() % 16,
            w.data_ptr() % 16, u.data_ptr() % 16, a2_arg.data_ptr() % 16, rw.data_ptr() % 16, out.data_ptr() % 16,
-           gate_out.data_ptr() % 16, up_out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode, zero_tail)
+           gate_out.data_ptr() % 16, up_out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode, zero_tail,
+           pdl)
     entry = _PLANS.get(key)
     if entry is None:
-        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2, saved, zero_tail)
+        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2, saved, zero_tail, pdl)
         kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a2, saved)
         if fast_launch.ENABLED and hasattr(kernel, "run"):
             _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
@@ -462,9 +513,10 @@ def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=No
     fast_launch.launch_compiled(kernel, plan.grid, args + constexpr_values)
 
 
-def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False, zero_tail=True) -> None:
+def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False, zero_tail=True,
+                        pdl: str = "") -> None:
     """``out[seg_g] = a[seg_g] @ w[g].T`` (any strides on the portable path)."""
-    launch_moe_gemm(a, w, None, None, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail)
+    launch_moe_gemm(a, w, None, None, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, pdl=pdl)
 
 
 def launch_grouped_gemm_dual(a, w, a2, w2, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
@@ -474,10 +526,10 @@ def launch_grouped_gemm_dual(a, w, a2, w2, cu_seqlens, out, cfg: GemmConfig, use
 
 
 def launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg: GemmConfig,
-                                 use_tma: bool = False, zero_tail: bool = True) -> None:
+                                 use_tma: bool = False, zero_tail: bool = True, pdl: str = "") -> None:
     """``out[seg_g] = silu(x @ w_gate[g].T) * (x @ w_up[g].T) * route_weights`` in one pass
     (``zero_tail=False``: rows past ``cu_seqlens[-1]`` are left unwritten)."""
-    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail)
+    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, pdl=pdl)
 
 
 def launch_grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens, act, gate, up,

@@ -1,0 +1,96 @@
+"""The ``experts`` op's programmatic dependent launch (Hopper): the down GEMM starts while the
+fused GEMM finishes and must not read ``act`` (or write ``out``) before that kernel is done.
+
+The race is made visible: ``act`` is poisoned with NaN before the pair runs, and the segments
+are skewed so that some fused programs finish long before others (an early down program that
+read ``act`` too soon would pick up NaN). Off Hopper the pair runs plainly; the tests still check
+the results there.
+"""
+
+import pytest
+import torch
+
+import moonep_ops
+from moonep_ops.kernels import triton_grouped_gemm as gemm
+from moonep_ops.kernels.cuda import _choose_fused, _choose_plain
+from .layouts import Layout, experts_inputs
+from .reference import TOLERANCE, experts_ref, rel_err
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# One long segment next to many short ones: the programs of the long one finish last. H and I
+# are TMA-aligned, so on Hopper both GEMMs take the TMA path, and the pair uses PDL.
+SKEWED = Layout("pdl_skewed", (3072, *([128] * 24), 0, 7), 3072 + 24 * 128 + 7 + 61, k=1024, n=512,
+                padded_to=1)
+MANY_GROUPS = Layout("pdl_g1100", tuple((i % 3) * 16 for i in range(1100)), 1100 * 16 + 5, k=256, n=128,
+                     padded_to=1)
+
+
+def _pair(x, w_gate, w_up, w_down, rw, cu, act, out, pdl=True):
+    act.fill_(float("nan"))
+    gemm.run_moe_gemm(x, w_gate, w_up, rw, cu, act, _choose_fused, False, zero_tail=False,
+                      pdl="primary" if pdl else "")
+    gemm.run_moe_gemm(act, w_down, None, None, cu, out, _choose_plain, False, pdl="dependent" if pdl else "")
+
+
+@pytest.mark.parametrize("layout", [SKEWED, MANY_GROUPS], ids=lambda lay: lay.name)
+def test_dependent_down_gemm_waits_for_the_fused_gemm(layout):
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
+    ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
+    plain = torch.empty_like(out)
+    _pair(x, w_gate, w_up, w_down, rw, cu, act, plain, pdl=False)
+    for _ in range(20):  # a race shows up in some runs only: give it many chances
+        out.fill_(float("nan"))
+        _pair(x, w_gate, w_up, w_down, rw, cu, act, out)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any(), "the dependent GEMM read act before the fused GEMM wrote it"
+        assert torch.equal(out, plain), "PDL changed the result"
+    assert rel_err(out, ref) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+
+
+def test_experts_pdl_graph_replay_with_poisoned_act():
+    """In a CUDA graph (a programmatic edge between the two kernels), replayed with fresh routing."""
+    layout = SKEWED
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _pair(x, w_gate, w_up, w_down, rw, cu, act, out)  # compiles outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _pair(x, w_gate, w_up, w_down, rw, cu, act, out)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        new = experts_inputs(layout, torch.bfloat16, "cuda")
+        for dst, src in zip((x, w_gate, w_up, w_down, cu, rw), new):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any()
+        assert torch.equal(out, moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw))
+        assert rel_err(out, experts_ref(x, w_gate, w_up, w_down, cu, rw)) <= TOLERANCE[torch.bfloat16]
+
+
+def test_experts_op_plans_the_pair_as_pdl_on_hopper_only():
+    """What the op launches: PDL roles on the Hopper TMA path, plain launches elsewhere."""
+    layout = SKEWED
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
+    fused = gemm._plan(x, w_gate, w_up, rw, act, *_choose_fused(x, w_gate, w_up), zero_tail=False, pdl="primary")
+    down = gemm._plan(act, w_down, None, None, out, *_choose_plain(act, w_down, None), pdl="dependent")
+    hopper = torch.cuda.get_device_capability() >= (9, 0) and _choose_plain(act, w_down, None)[1]
+    assert fused.constexprs["LAUNCH_DEPENDENTS"] is bool(hopper)
+    assert down.constexprs["WAIT_PRIOR"] is bool(hopper) and down.launch_pdl is bool(hopper)
+    if hopper:  # the first pipeline stages of each weight row: 16-byte multiples
+        assert down.constexprs["PREFETCH_BYTES"] > 0 and down.constexprs["PREFETCH_BYTES"] % 16 == 0
+    with pytest.raises(ValueError, match="pdl must be one of"):
+        gemm._plan(act, w_down, None, None, out, *_choose_plain(act, w_down, None), pdl="yes")
