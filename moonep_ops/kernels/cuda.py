@@ -33,6 +33,12 @@ def portable_only() -> bool:
     return os.environ.get("MOONEP_OPS_PORTABLE", "0") not in ("", "0")
 
 
+def pdl_allowed() -> bool:
+    """``MOONEP_OPS_NO_PDL=1`` launches the ``experts`` op's two GEMMs plainly, one after the other
+    (on Hopper the down GEMM is otherwise a programmatic dependent launch of the fused one)."""
+    return os.environ.get("MOONEP_OPS_NO_PDL", "0") in ("", "0")
+
+
 def hopper_tma(capability, dtype) -> bool:
     """TMA loads: sm90+ and bf16/fp16 (fp32 takes the portable path), unless
     ``MOONEP_OPS_PORTABLE=1``."""
@@ -89,13 +95,14 @@ def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> Non
 
     cu = _dense(cu_seqlens)
     act = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
+    # The down GEMM is launched as a programmatic dependent of the fused one (Hopper; ignored
+    # elsewhere): its programs start as the fused kernel's finish. Only when the fused kernel does
+    # launch (I > 0), so that it is the kernel right before it.
+    pdl = pdl_allowed() and w_gate.shape[1] > 0
     run_moe_gemm(x, w_gate, w_up, _dense(route_weights), cu, act, _choose_fused, portable_only(),
-                 zero_tail=False, pdl="primary")
-    # The down GEMM is launched as a programmatic dependent of the fused one (Hopper): its programs
-    # start as the fused kernel's finish. Only when the fused kernel did launch (I > 0), so that
-    # it is the kernel right before it.
+                 zero_tail=False, pdl="primary" if pdl else "")
     run_moe_gemm(act, w_down, None, None, cu, out, _choose_plain, portable_only(),
-                 pdl="dependent" if w_gate.shape[1] > 0 else "")
+                 pdl="dependent" if pdl else "")
 
 
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:
