@@ -395,11 +395,11 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     shape and strides); else ``w_up`` given: the fused SwiGLU GEMM, which with ``saved =
     (gate_out, up_out)`` (``out``'s shape, dtype and strides) also writes gate and up.
 
-    ``pdl`` (Hopper TMA path only, else ignored; the caller guarantees the order): ``"primary"`` lets the next
-    kernel launch early; ``"dependent"`` is that next kernel: launched early, it scans its schedule
-    and prefetches its first weight tile into L2, then waits for the primary before touching ``a``
-    or ``out``. Only for a pair of launches back to back on one stream where the dependent's
-    ``cu_seqlens`` and weights are not written by the primary (the ``experts`` op)."""
+    ``pdl`` (Hopper TMA path only, else ignored; the caller guarantees the order): ``"primary"``
+    lets the next kernel launch early; ``"dependent"`` is that next kernel: launched early, it
+    scans its schedule and prefetches its first weight tile into L2, then waits for the primary
+    before touching ``a`` or ``out``. Only for a pair of launches back to back on one stream where
+    the dependent's ``cu_seqlens`` and weights are not written by the primary (the ``experts`` op)."""
     if pdl not in PDL_ROLES:
         raise ValueError(f"pdl must be one of {PDL_ROLES}, got {pdl!r}")
     if not use_tma or a.device.type != "cuda":  # PDL is a Hopper feature (and not the interpreter's):
