@@ -13,7 +13,8 @@ unwritten, as the ``experts`` op does; ``committed_zero_tail`` writes it), then 
 (fused then down in one graph, all checked to give the same ``out``): ``zero_act_tail`` (the
 two public ops composed), ``no_pdl`` (the fused GEMM then the down GEMM, plainly), ``pdl`` (what
 the ``experts`` op runs on Hopper: the down GEMM a programmatic dependent launch of the fused one,
-warming L2 with its first weight tile), ``pdl_no_prefetch`` and the fastest config of each role.
+warming L2 with its first weight tile), ``pdl_no_prefetch``, ``pdl_tail_first`` (the down GEMM
+writes the output's tail zeros before it waits: not shipped) and the fastest config of each role.
 Results so far: ``benchmarks/results/probe_h200_*.json`` and ``scripts/gpu_check_results.md``.
 ``--mode profile`` runs each role once with the committed configs (for ``ncu``).
 Usage: python -m benchmarks.probe [--shapes 0,1,2,3,4,5] [--out probe.json]
@@ -112,14 +113,15 @@ def _probe_shape(shape, padding, args) -> dict:
     def down(cfg, pdl=""):
         return lambda: launch_grouped_gemm(act, wd, cu, out, cfg, True, pdl=pdl)
 
-    def pdl_path(prefetch):
+    def pdl_path(prefetch, tail_first=False):
         def run():
-            saved, gemm.PREFETCH_FIRST_WEIGHT_TILE = gemm.PREFETCH_FIRST_WEIGHT_TILE, prefetch
+            saved = gemm.PREFETCH_FIRST_WEIGHT_TILE, gemm.ZERO_TAIL_BEFORE_WAIT
+            gemm.PREFETCH_FIRST_WEIGHT_TILE, gemm.ZERO_TAIL_BEFORE_WAIT = prefetch, tail_first
             try:
                 launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, act, cfg_f, True, zero_tail=False, pdl="primary")
                 down(cfg_d, "dependent")()
             finally:
-                gemm.PREFETCH_FIRST_WEIGHT_TILE = saved
+                gemm.PREFETCH_FIRST_WEIGHT_TILE, gemm.ZERO_TAIL_BEFORE_WAIT = saved
         return run
 
     cfg_f, cfg_d = committed("fused", shape, nvs), committed("down", shape, nvs)
@@ -164,7 +166,7 @@ def _probe_shape(shape, padding, args) -> dict:
     bf, bd = cands["fused"][best["fused"]][0], cands["down"][best["down"]][0]
     paths = {"zero_act_tail": lambda: (fused(cfg_f, True)(), down(cfg_d)()),
              "no_pdl": lambda: (fused(cfg_f)(), down(cfg_d)()),
-             "pdl": pdl_path(True), "pdl_no_prefetch": pdl_path(False),
+             "pdl": pdl_path(True), "pdl_no_prefetch": pdl_path(False), "pdl_tail_first": pdl_path(True, True),
              f"best:{best['fused']}+{best['down']}": lambda: (fused(bf)(), down(bd)())}
     ref = None
     for name, fn in paths.items():  # every path writes the same ``out`` (tail zeros included)

@@ -170,6 +170,7 @@ def _moe_gemm_kernel(
     TMA_STORE: tl.constexpr = 0, DUAL: tl.constexpr = False, SAVE: tl.constexpr = False,
     ZERO_TAIL: tl.constexpr = True, GROUP_MAJOR: tl.constexpr = False,
     LAUNCH_DEPENDENTS: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
+    TAIL_BEFORE_WAIT: tl.constexpr = False,
 ):
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (launched with launch_pdl) may start
@@ -205,6 +206,12 @@ def _moe_gemm_kernel(
                 g0, _, _, pid_n0 = _small_g_item(pid, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl, g_incl,
                                                  BLOCK_M, GROUP_MAJOR)
                 _prefetch_rows_l2(w_ptr, g0 * N + pid_n0 * BLOCK_N, g0 * N + N, stride_wn, BLOCK_N, PREFETCH_BYTES)
+        if ZERO_TAIL and TAIL_BEFORE_WAIT:
+            # The output's tail zeros while the primary finishes (experiment, off by default: it
+            # stores before the wait, so ``out`` must not alias anything the primary reads).
+            for j in range(pid, tail_tiles * n_tiles, num_progs):
+                _zero_tail_item(out_ptr, gate_out_ptr, up_out_ptr, cu_ptr, G, NUM_ROWS, N, j, n_tiles,
+                                stride_om, stride_on, BLOCK_M, BLOCK_N, SAVE)
         gdc_wait()
 
     offs_k = tl.arange(0, BLOCK_K)
@@ -318,7 +325,7 @@ def _moe_gemm_kernel(
 
     # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
     # ZERO_TAIL=False leaves them unwritten (an intermediate that only segment-aware kernels read).
-    if ZERO_TAIL:
+    if ZERO_TAIL and not (WAIT_PRIOR and TAIL_BEFORE_WAIT):
         tail_items = tail_tiles * n_tiles
         first = (pid - real_items % num_progs + num_progs) % num_progs
         for j in range(first, tail_items, num_progs):
@@ -387,6 +394,7 @@ _FIRST_DESC = 9  # index of the first descriptor in _Plan.args
 
 PDL_ROLES = ("", "primary", "dependent")
 PREFETCH_FIRST_WEIGHT_TILE = True  # the PDL dependent warms L2 with its first weight tile (A/B switch)
+ZERO_TAIL_BEFORE_WAIT = False  # experiment: the PDL dependent zeroes its tail before it waits (A/B switch)
 
 
 def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None, saved=None,
@@ -402,8 +410,8 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     the dependent's ``cu_seqlens`` and weights are not written by the primary (the ``experts`` op)."""
     if pdl not in PDL_ROLES:
         raise ValueError(f"pdl must be one of {PDL_ROLES}, got {pdl!r}")
-    if not use_tma or a.device.type != "cuda":  # PDL is a Hopper feature (and not the interpreter's):
-        pdl = ""                                 # elsewhere the pair runs plainly one after the other
+    if not use_tma:  # PDL is a Hopper feature: elsewhere the pair runs plainly one after the other
+        pdl = ""
     if not use_tma:  # the schedule knobs are measured (and meant) for the Hopper TMA path only
         cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0)
     if cfg.flatten and cfg.tma_store:
@@ -458,7 +466,8 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
                         FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual,
                         SAVE=saved is not None, ZERO_TAIL=zero_tail,
                         GROUP_MAJOR=cfg.group_major and g <= SMALL_G_MAX,
-                        LAUNCH_DEPENDENTS=pdl == "primary", WAIT_PRIOR=pdl == "dependent", PREFETCH_BYTES=prefetch),
+                        LAUNCH_DEPENDENTS=pdl == "primary", WAIT_PRIOR=pdl == "dependent", PREFETCH_BYTES=prefetch,
+                        TAIL_BEFORE_WAIT=pdl == "dependent" and ZERO_TAIL_BEFORE_WAIT),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs, launch_pdl=pdl == "dependent",
     )
 
