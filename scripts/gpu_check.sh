@@ -13,6 +13,8 @@
 #             SCHEDULE_ROLES picks roles, e.g. fused_save)
 #   probe:    where the forward GEMMs' time goes (benchmarks.probe: tail, knobs, row strides; only when
 #             named; PROBE_SHAPES picks shapes), then Nsight Compute on the committed kernels (NCU=0: skip)
+#   dram:     DRAM streaming rate by weight layout (benchmarks.dram_layout: the kernels' strided
+#             TMA boxes vs contiguous ones, and a torch copy; only when named)
 #   PYTEST_K / FUZZ_K: a pytest -k filter for the tests/portable steps / the fuzz step (a re-run
 #             of what a change touched)
 #   all:      every step (longer than one 10-minute device command: split it across calls)
@@ -89,6 +91,12 @@ if [[ "$steps" == *" schedules "* ]]; then
     ${SCHEDULE_ROLES:+--roles $SCHEDULE_ROLES} --out "$OUT/tune_schedules.json" 2>&1 | tee "$OUT/tune_schedules.log" | grep -v "^  " | tail -n 24
   rc=${PIPESTATUS[0]}
   echo "tune --schedules rc=$rc" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || status=1
+fi
+if [[ "$steps" == *" dram "* ]]; then
+  timeout ${DRAM_TIMEOUT:-240} python3 -m benchmarks.dram_layout --out "$OUT/dram_layout.json" 2>&1 | tee "$OUT/dram_layout.log"
+  rc=${PIPESTATUS[0]}
+  echo "dram_layout rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 fi
 if [[ "$steps" == *" probe "* ]]; then

@@ -1,0 +1,96 @@
+"""How fast can a kernel stream weights from DRAM, by weight layout? (issue 6: the qwen3 gap)
+
+The forward GEMMs read each weight tile as TMA boxes of ``BLOCK_N`` rows x ``BLOCK_K`` columns
+out of ``[G*N, K]`` storage: per box, ``BLOCK_N`` pieces of ``2*BLOCK_K`` bytes, ``2*K`` bytes
+apart. The memory-bound shapes (qwen3) run at 3.5-3.8 TB/s in those kernels. This probe streams
+the same bytes with nothing else to do (a TMA-pipelined persistent loop that sums every element),
+in the kernels' layout and in a packed one where each box is one contiguous block, so the next
+session can tell whether a packed weight layout could buy DRAM bandwidth before building one.
+
+Rows: ``strided BMxBK`` (the kernels' layout, K = --k), ``packed BMxBK`` (the same boxes, each
+contiguous), and ``torch copy`` (``dst.copy_(src)``: bytes read + written). Median of --reps
+CUDA-graph replays after warm-up; ``sum_err`` checks each kernel read every byte once.
+Usage: python -m benchmarks.dram_layout [--gib 1] [--k 2048] [--out dram_layout.json]
+"""
+
+import argparse
+import json
+import statistics
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+@triton.jit
+def _stream_kernel(desc, partial_ptr, n_row_tiles, n_k_tiles, BM: tl.constexpr, BK: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros((BM, BK), dtype=tl.float32)
+    for t in tl.range(pid, n_row_tiles, tl.num_programs(0)):
+        for kk in range(n_k_tiles):
+            acc += desc.load([t * BM, kk * BK]).to(tl.float32)
+    tl.store(partial_ptr + pid, tl.sum(tl.sum(acc, 1), 0))
+
+
+def stream_sum(t2d: torch.Tensor, bm: int, bk: int, programs: int, partial: torch.Tensor) -> None:
+    """Sum of ``t2d [R, C]`` read in ``(bm, bk)`` TMA boxes by ``programs`` persistent programs."""
+    rows, cols = t2d.shape
+    desc = TensorDescriptor(t2d, [rows, cols], [t2d.stride(0), 1], [bm, bk])
+    _stream_kernel[(programs,)](desc, partial, rows // bm, cols // bk, BM=bm, BK=bk, num_warps=8,
+                                num_stages=4)
+
+
+def _time(fn, reps: int) -> float:
+    from .run import capture_graph
+    graph = capture_graph(fn)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    from .run import environment
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gib", type=float, default=1.0, help="bytes streamed (far above L2)")
+    parser.add_argument("--k", type=int, default=2048, help="row length of the strided layout (qwen3: H = 2048)")
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = int(args.gib * 2**30) // (2 * args.k) // 256 * 256
+    weights = torch.rand(rows, args.k, device="cuda").to(torch.bfloat16)  # positive: a well-conditioned sum
+    nbytes = weights.numel() * 2
+    ref = weights.double().sum().item()
+    partial = torch.empty(sms, device="cuda", dtype=torch.float32)
+    print(f"# {environment()}  {nbytes / 1e9:.2f} GB, K = {args.k}, {sms} programs", flush=True)
+    results = []
+    for bm, bk in ((128, 64), (128, 128), (256, 64), (64, 256)):
+        layouts = {"strided": weights,  # box = bm rows of 2*bk bytes, 2*K bytes apart
+                   "packed": weights.view(-1, bk)}  # the same bytes seen as [R*K/bk, bk]: boxes contiguous
+        for name, t2d in layouts.items():
+            fn = lambda t2d=t2d: stream_sum(t2d, bm, bk, sms, partial)  # noqa: E731
+            fn()
+            err = abs(partial.double().sum().item() - ref) / abs(ref)
+            us = _time(fn, args.reps)
+            row = {"layout": name, "bm": bm, "bk": bk, "us": us, "tbps": nbytes / us / 1e6, "sum_err": err}
+            results.append(row)
+            print(f"{name:<8} {bm:>3}x{bk:<3} {us:8.1f} us  {row['tbps']:.2f} TB/s  sum err {err:.1e}", flush=True)
+    dst = torch.empty_like(weights)
+    us = _time(lambda: dst.copy_(weights), args.reps)
+    results.append({"layout": "torch copy", "us": us, "tbps": 2 * nbytes / us / 1e6})
+    print(f"torch copy          {us:8.1f} us  {2 * nbytes / us / 1e6:.2f} TB/s (read + write)", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": environment(), "method": __doc__, "bytes": nbytes, "k": args.k,
+                       "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
