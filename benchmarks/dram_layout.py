@@ -15,7 +15,6 @@ Usage: python -m benchmarks.dram_layout [--gib 1] [--k 2048] [--out dram_layout.
 
 import argparse
 import json
-import statistics
 
 import torch
 import triton
@@ -41,22 +40,8 @@ def stream_sum(t2d: torch.Tensor, bm: int, bk: int, programs: int, partial: torc
                                 num_stages=4)
 
 
-def _time(fn, reps: int) -> float:
-    from .run import capture_graph
-    graph = capture_graph(fn)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 def main(argv=None):
-    from .run import environment
+    from .run import _median_graph_ms, environment
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=1.0, help="bytes streamed (far above L2)")
     parser.add_argument("--k", type=int, default=2048, help="row length of the strided layout (qwen3: H = 2048)")
@@ -78,12 +63,12 @@ def main(argv=None):
             fn = lambda t2d=t2d: stream_sum(t2d, bm, bk, sms, partial)  # noqa: E731
             fn()
             err = abs(partial.double().sum().item() - ref) / abs(ref)
-            us = _time(fn, args.reps)
+            us = _median_graph_ms(fn, args.reps) * 1e3
             row = {"layout": name, "bm": bm, "bk": bk, "us": us, "tbps": nbytes / us / 1e6, "sum_err": err}
             results.append(row)
             print(f"{name:<8} {bm:>3}x{bk:<3} {us:8.1f} us  {row['tbps']:.2f} TB/s  sum err {err:.1e}", flush=True)
     dst = torch.empty_like(weights)
-    us = _time(lambda: dst.copy_(weights), args.reps)
+    us = _median_graph_ms(lambda: dst.copy_(weights), args.reps) * 1e3
     results.append({"layout": "torch copy", "us": us, "tbps": 2 * nbytes / us / 1e6})
     print(f"torch copy          {us:8.1f} us  {2 * nbytes / us / 1e6:.2f} TB/s (read + write)", flush=True)
     if args.out:

@@ -8,8 +8,7 @@ checks and these can change independently.
 import torch
 
 from ._checks import (_check, _check_cu_seqlens_meta, _check_dtype, _check_same_device, _check_same_dtype, _fail,
-                      _shape,
-                      check_grouped_gemm_silu_mul, check_silu_mul_weight)
+                      _shape, check_grouped_gemm_silu_mul, check_silu_mul_weight)
 
 
 def _check_same_shape_dtype(op_name: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
