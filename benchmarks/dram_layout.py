@@ -8,7 +8,7 @@ in the kernels' layout and in a packed one where each box is one contiguous bloc
 session can tell whether a packed weight layout could buy DRAM bandwidth before building one.
 
 Rows: ``strided BMxBK`` (the kernels' layout, K = --k), ``packed BMxBK`` (the same boxes, each
-contiguous), and ``torch copy`` (``dst.copy_(src)``: bytes read + written). Median of --reps
+contiguous), ``plain BLOCK/programs`` (contiguous vectorized loads, no TMA: the read ceiling), and ``torch copy`` (``dst.copy_(src)``: bytes read + written). Median of --reps
 CUDA-graph replays after warm-up; ``sum_err`` checks each kernel read every byte once.
 Usage: python -m benchmarks.dram_layout [--gib 1] [--k 2048] [--out dram_layout.json]
 """
@@ -24,20 +24,38 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 @triton.jit
 def _stream_kernel(desc, partial_ptr, n_row_tiles, n_k_tiles, BM: tl.constexpr, BK: tl.constexpr):
+    # One flat, software-pipelined loop over (row tile, k tile) boxes for both layouts: the first
+    # version nested the loops, so the packed layout (one k tile per row) ran unpipelined.
     pid = tl.program_id(0)
     acc = tl.zeros((BM, BK), dtype=tl.float32)
-    for t in tl.range(pid, n_row_tiles, tl.num_programs(0)):
-        for kk in range(n_k_tiles):
-            acc += desc.load([t * BM, kk * BK]).to(tl.float32)
+    for i in tl.range(pid, n_row_tiles * n_k_tiles, tl.num_programs(0), num_stages=4):
+        t = i // n_k_tiles
+        kk = i - t * n_k_tiles
+        acc += desc.load([t * BM, kk * BK]).to(tl.float32)
     tl.store(partial_ptr + pid, tl.sum(tl.sum(acc, 1), 0))
+
+
+@triton.jit
+def _plain_stream_kernel(src_ptr, partial_ptr, n_blocks, BLOCK: tl.constexpr):
+    # The same sum with ordinary vectorized loads (no TMA): the read ceiling without descriptors.
+    pid = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in tl.range(pid, n_blocks, tl.num_programs(0), num_stages=4):
+        offs = i * BLOCK + tl.arange(0, BLOCK)  # int32: 1 GiB of bf16 is 2^29 elements
+        acc += tl.load(src_ptr + offs).to(tl.float32)
+    tl.store(partial_ptr + pid, tl.sum(acc, 0))
 
 
 def stream_sum(t2d: torch.Tensor, bm: int, bk: int, programs: int, partial: torch.Tensor) -> None:
     """Sum of ``t2d [R, C]`` read in ``(bm, bk)`` TMA boxes by ``programs`` persistent programs."""
     rows, cols = t2d.shape
     desc = TensorDescriptor(t2d, [rows, cols], [t2d.stride(0), 1], [bm, bk])
-    _stream_kernel[(programs,)](desc, partial, rows // bm, cols // bk, BM=bm, BK=bk, num_warps=8,
-                                num_stages=4)
+    _stream_kernel[(programs,)](desc, partial, rows // bm, cols // bk, BM=bm, BK=bk, num_warps=8)
+
+
+def plain_sum(flat: torch.Tensor, block: int, programs: int, partial: torch.Tensor) -> None:
+    """Sum of contiguous ``flat`` (a multiple of ``block`` elements) by ``programs`` programs."""
+    _plain_stream_kernel[(programs,)](flat, partial, flat.numel() // block, BLOCK=block, num_warps=8)
 
 
 def main(argv=None):
@@ -48,12 +66,14 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if not 0 < args.gib < 4:
+        parser.error(f"--gib must be in (0, 4) (the plain kernel indexes in int32), got {args.gib}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = int(args.gib * 2**30) // (2 * args.k) // 256 * 256
     weights = torch.rand(rows, args.k, device="cuda").to(torch.bfloat16)  # positive: a well-conditioned sum
     nbytes = weights.numel() * 2
     ref = weights.double().sum().item()
-    partial = torch.empty(sms, device="cuda", dtype=torch.float32)
+    partial = torch.empty(2 * sms, device="cuda", dtype=torch.float32)
     print(f"# {environment()}  {nbytes / 1e9:.2f} GB, K = {args.k}, {sms} programs", flush=True)
     results = []
     for bm, bk in ((128, 64), (128, 128), (256, 64), (64, 256)):
@@ -62,11 +82,20 @@ def main(argv=None):
         for name, t2d in layouts.items():
             fn = lambda t2d=t2d: stream_sum(t2d, bm, bk, sms, partial)  # noqa: E731
             fn()
-            err = abs(partial.double().sum().item() - ref) / abs(ref)
+            err = abs(partial[:sms].double().sum().item() - ref) / abs(ref)
             us = _median_graph_ms(fn, args.reps) * 1e3
             row = {"layout": name, "bm": bm, "bk": bk, "us": us, "tbps": nbytes / us / 1e6, "sum_err": err}
             results.append(row)
             print(f"{name:<8} {bm:>3}x{bk:<3} {us:8.1f} us  {row['tbps']:.2f} TB/s  sum err {err:.1e}", flush=True)
+    for block, programs in ((8192, sms), (8192, 2 * sms), (16384, sms)):
+        fn = lambda block=block, programs=programs: plain_sum(weights.view(-1), block, programs, partial)  # noqa: E731
+        fn()
+        err = abs(partial[:programs].double().sum().item() - ref) / abs(ref)
+        us = _median_graph_ms(fn, args.reps) * 1e3
+        row = {"layout": "plain", "block": block, "programs": programs, "us": us,
+               "tbps": nbytes / us / 1e6, "sum_err": err}
+        results.append(row)
+        print(f"plain    {block:>5}/{programs:<3} {us:7.1f} us  {row['tbps']:.2f} TB/s  sum err {err:.1e}", flush=True)
     dst = torch.empty_like(weights)
     us = _median_graph_ms(lambda: dst.copy_(weights), args.reps) * 1e3
     results.append({"layout": "torch copy", "us": us, "tbps": 2 * nbytes / us / 1e6})
