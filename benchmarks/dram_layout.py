@@ -8,7 +8,9 @@ in the kernels' layout and in a packed one where each box is one contiguous bloc
 session can tell whether a packed weight layout could buy DRAM bandwidth before building one.
 
 Rows: ``strided BMxBK`` (the kernels' layout, K = --k), ``packed BMxBK`` (the same boxes, each
-contiguous), ``plain BLOCK/programs`` (contiguous vectorized loads, no TMA: the read ceiling), and ``torch copy`` (``dst.copy_(src)``: bytes read + written). Median of --reps
+contiguous), ``slab_strided``/``slab_packed BMxBK`` (the GEMMs' order: each
+program streams its own row tile's k tiles, 132 slabs at once; strided boxes or each box contiguous),
+``plain BLOCK/programs`` (contiguous vectorized loads, no TMA: the read ceiling), and ``torch copy`` (``dst.copy_(src)``: bytes read + written). Median of --reps
 CUDA-graph replays after warm-up; ``sum_err`` checks each kernel read every byte once.
 Usage: python -m benchmarks.dram_layout [--gib 1] [--k 2048] [--out dram_layout.json]
 """
@@ -33,6 +35,36 @@ def _stream_kernel(desc, partial_ptr, n_row_tiles, n_k_tiles, BM: tl.constexpr, 
         kk = i - t * n_k_tiles
         acc += desc.load([t * BM, kk * BK]).to(tl.float32)
     tl.store(partial_ptr + pid, tl.sum(tl.sum(acc, 1), 0))
+
+
+@triton.jit
+def _slab_kernel(desc, partial_ptr, n_row_tiles, n_k_tiles, PACKED: tl.constexpr, BM: tl.constexpr,
+                 BK: tl.constexpr):
+    # The GEMMs' order: each program reads all k tiles of its own row tile, then its next row tile,
+    # so 132 programs stream 132 separate slabs at once (the flat loop above has them side by side
+    # in one slab). PACKED: box (t, kk) is the contiguous block (t * n_k_tiles + kk) of [*, BK].
+    pid = tl.program_id(0)
+    num_progs = tl.num_programs(0)
+    mine = tl.cdiv(n_row_tiles - pid, num_progs)
+    acc = tl.zeros((BM, BK), dtype=tl.float32)
+    for j in tl.range(0, mine * n_k_tiles, num_stages=4):
+        t = pid + (j // n_k_tiles) * num_progs
+        kk = j % n_k_tiles
+        if PACKED:
+            acc += desc.load([(t * n_k_tiles + kk) * BM, 0]).to(tl.float32)
+        else:
+            acc += desc.load([t * BM, kk * BK]).to(tl.float32)
+    tl.store(partial_ptr + pid, tl.sum(tl.sum(acc, 1), 0))
+
+
+def slab_sum(weights: torch.Tensor, bm: int, bk: int, packed: bool, programs: int,
+             partial: torch.Tensor) -> None:
+    """Sum of ``weights [R, K]`` in the GEMMs' per-program slab order, strided or packed boxes."""
+    rows, cols = weights.shape
+    t2d = weights.view(-1, bk) if packed else weights
+    desc = TensorDescriptor(t2d, list(t2d.shape), [t2d.stride(0), 1], [bm, bk])
+    _slab_kernel[(programs,)](desc, partial, rows // bm, cols // bk, PACKED=packed, BM=bm, BK=bk,
+                              num_warps=8)
 
 
 @triton.jit
@@ -87,6 +119,16 @@ def main(argv=None):
             row = {"layout": name, "bm": bm, "bk": bk, "us": us, "tbps": nbytes / us / 1e6, "sum_err": err}
             results.append(row)
             print(f"{name:<8} {bm:>3}x{bk:<3} {us:8.1f} us  {row['tbps']:.2f} TB/s  sum err {err:.1e}", flush=True)
+    for bm, bk in ((128, 64), (256, 64), (128, 128)):
+        for packed in (False, True):
+            name = "slab_packed" if packed else "slab_strided"
+            fn = lambda bm=bm, bk=bk, packed=packed: slab_sum(weights, bm, bk, packed, sms, partial)  # noqa: E731
+            fn()
+            err = abs(partial[:sms].double().sum().item() - ref) / abs(ref)
+            us = _median_graph_ms(fn, args.reps) * 1e3
+            row = {"layout": name, "bm": bm, "bk": bk, "us": us, "tbps": nbytes / us / 1e6, "sum_err": err}
+            results.append(row)
+            print(f"{name:<13} {bm:>3}x{bk:<3} {us:8.1f} us  {row['tbps']:.2f} TB/s  sum err {err:.1e}", flush=True)
     for block, programs in ((8192, sms), (8192, 2 * sms), (16384, sms)):
         fn = lambda block=block, programs=programs: plain_sum(weights.view(-1), block, programs, partial)  # noqa: E731
         fn()
