@@ -10,7 +10,7 @@ session can tell whether a packed weight layout could buy DRAM bandwidth before 
 Rows: ``strided BMxBK`` (the kernels' layout, K = --k), ``packed BMxBK`` (the same boxes, each
 contiguous), ``slab_strided``/``slab_packed BMxBK`` (the GEMMs' order: each
 program streams its own row tile's k tiles, 132 slabs at once; strided boxes or each box contiguous),
-``plain BLOCK/programs`` (contiguous vectorized loads, no TMA: the read ceiling), and ``torch copy`` (``dst.copy_(src)``: bytes read + written). Median of --reps
+``plain BLOCK/programs`` (contiguous vectorized loads, no TMA: the read ceiling), ``torch copy`` and ``torch zero_`` (writes only) (``dst.copy_(src)``: bytes read + written). Median of --reps
 CUDA-graph replays after warm-up; ``sum_err`` checks each kernel read every byte once.
 Usage: python -m benchmarks.dram_layout [--gib 1] [--k 2048] [--out dram_layout.json]
 """
@@ -142,6 +142,10 @@ def main(argv=None):
     us = _median_graph_ms(lambda: dst.copy_(weights), args.reps) * 1e3
     results.append({"layout": "torch copy", "us": us, "tbps": 2 * nbytes / us / 1e6})
     print(f"torch copy          {us:8.1f} us  {2 * nbytes / us / 1e6:.2f} TB/s (read + write)", flush=True)
+    # Writes alone (the output tail's zeros are a write-only stream).
+    us = _median_graph_ms(dst.zero_, args.reps) * 1e3
+    results.append({"layout": "torch zero_", "us": us, "tbps": nbytes / us / 1e6})
+    print(f"torch zero_         {us:8.1f} us  {nbytes / us / 1e6:.2f} TB/s (write)", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"env": environment(), "method": __doc__, "bytes": nbytes, "k": args.k,
