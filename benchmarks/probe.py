@@ -13,9 +13,7 @@ unwritten, as the ``experts`` op does; ``committed_zero_tail`` writes it), then 
 (fused then down in one graph, all checked to give the same ``out``): ``zero_act_tail`` (the
 two public ops composed), ``no_pdl`` (the fused GEMM then the down GEMM, plainly), ``pdl`` (what
 the ``experts`` op runs on Hopper: the down GEMM a programmatic dependent launch of the fused one,
-warming L2 with its first weight tile), ``pdl_no_prefetch``, ``pdl_tail_first`` (the down GEMM
-writes the output's tail zeros before it waits: not shipped), ``pdl_tma_tail`` (the down GEMM
-zeroes the tail by TMA stores of a zero tile) and the fastest config of each role.
+warming L2 with its first weight tile), ``pdl_no_prefetch`` and the fastest config of each role.
 Results so far: ``benchmarks/results/probe_h200_*.json`` and ``scripts/gpu_check_results.md``.
 ``--mode profile`` runs each role once with the committed configs (for ``ncu``).
 Usage: python -m benchmarks.probe [--shapes 0,1,2,3,4,5] [--out probe.json]
@@ -46,10 +44,12 @@ CAP = (9, 0)
 # order (group_major) cuts kimi-k2 S=1024 by 9-13%; with warp specialization
 # it loses (probe_h200_group_major_ws.json); two CTAs per SM (smaller tiles, 2 stages) lose
 # 0-30% on the memory-bound shapes (probe_h200_2cta.json).
-FUSED = {"zero_tail_tma": lambda c: dataclasses.replace(c, tma_tail=c.tma_store or 2)}
-DOWN = {"tma_tail_halves": lambda c: dataclasses.replace(c, tma_tail=c.tma_store or 2),
-        "tma_tail_whole": lambda c: dataclasses.replace(c, tma_tail=c.tma_store or 1)}
-ZERO_TAIL_CANDS = ("committed_zero_tail", "zero_tail_tma")  # fused candidates that write act's tail
+# Ninth session: the output's tail zeros written by TMA stores of a zero tile, or by the PDL
+# dependent before its wait, were no faster (probe_h200_tma_tail.json, probe_h200_tail_first.json;
+# the tail is bound by the DRAM write rate): both removed from the kernel.
+FUSED = {}
+DOWN = {}
+ZERO_TAIL_CANDS = ("committed_zero_tail",)  # fused candidates that write act's tail
 
 
 def committed(role, shape, nvs) -> GemmConfig:
@@ -116,15 +116,15 @@ def _probe_shape(shape, padding, args) -> dict:
     def down(cfg, pdl=""):
         return lambda: launch_grouped_gemm(act, wd, cu, out, cfg, True, pdl=pdl)
 
-    def pdl_path(prefetch, tail_first=False, down_cfg=None):
+    def pdl_path(prefetch):
         def run():
-            saved = gemm.PREFETCH_FIRST_WEIGHT_TILE, gemm.ZERO_TAIL_BEFORE_WAIT
-            gemm.PREFETCH_FIRST_WEIGHT_TILE, gemm.ZERO_TAIL_BEFORE_WAIT = prefetch, tail_first
+            saved = gemm.PREFETCH_FIRST_WEIGHT_TILE
+            gemm.PREFETCH_FIRST_WEIGHT_TILE = prefetch
             try:
                 launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, act, cfg_f, True, zero_tail=False, pdl="primary")
-                down(down_cfg or cfg_d, "dependent")()
+                down(cfg_d, "dependent")()
             finally:
-                gemm.PREFETCH_FIRST_WEIGHT_TILE, gemm.ZERO_TAIL_BEFORE_WAIT = saved
+                gemm.PREFETCH_FIRST_WEIGHT_TILE = saved
         return run
 
     cfg_f, cfg_d = committed("fused", shape, nvs), committed("down", shape, nvs)
@@ -169,8 +169,7 @@ def _probe_shape(shape, padding, args) -> dict:
     bf, bd = cands["fused"][best["fused"]][0], cands["down"][best["down"]][0]
     paths = {"zero_act_tail": lambda: (fused(cfg_f, True)(), down(cfg_d)()),
              "no_pdl": lambda: (fused(cfg_f)(), down(cfg_d)()),
-             "pdl": pdl_path(True), "pdl_no_prefetch": pdl_path(False), "pdl_tail_first": pdl_path(True, True),
-             "pdl_tma_tail": pdl_path(True, down_cfg=dataclasses.replace(cfg_d, tma_tail=cfg_d.tma_store or 2)),
+             "pdl": pdl_path(True), "pdl_no_prefetch": pdl_path(False),
              f"best:{best['fused']}+{best['down']}": lambda: (fused(bf)(), down(bd)())}
     ref = None
     for name, fn in paths.items():  # every path writes the same ``out`` (tail zeros included)

@@ -195,17 +195,13 @@ SCHEDULES = [
     configs.GemmConfig(16, 16, 16, 1, 1, flatten=True),
     configs.GemmConfig(16, 16, 16, 1, 1, flatten=True, group_major=True),
     configs.GemmConfig(16, 16, 16, 1, 1, tma_store=1, group_major=True),
-    configs.GemmConfig(16, 16, 16, 1, 1, flatten=True, tma_tail=1),
-    configs.GemmConfig(16, 32, 16, 1, 1, flatten=True, group_major=True, tma_tail=2),
-    configs.GemmConfig(16, 32, 16, 1, 1, tma_store=2, tma_tail=2),
 ]
 SCHEDULE_LAYOUTS = [lay for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "tail_rows", "moonep_padded", "one_segment")]
 
 
 @pytest.mark.parametrize("fused", [False, True, "save"], ids=["plain", "fused", "fused_save"])
 @pytest.mark.parametrize("cfg", SCHEDULES, ids=["tma_store", "ws_tma_store_halves", "flatten", "flatten_group_major",
-                                                "tma_store_group_major", "flatten_tma_tail",
-                                                "flatten_group_major_tma_tail_halves", "tma_store_tail_halves"])
+                                                "tma_store_group_major"])
 @pytest.mark.parametrize("layout", SCHEDULE_LAYOUTS, ids=[lay.name for lay in SCHEDULE_LAYOUTS])
 def test_schedules_interpreted(interpreted, layout, cfg, fused):
     gemm = interpreted[0]
@@ -257,31 +253,6 @@ def test_group_major_needs_the_register_schedule(interpreted):
     for g, want in ((gemm.SMALL_G_MAX, True), (gemm.SMALL_G_MAX + 1, False)):
         plan = gemm._plan(x, torch.randn(g, 16, 16), None, None, out, cfg, False)
         assert plan.constexprs["GROUP_MAJOR"] is want
-
-
-def test_tma_tail_pieces_must_match_tma_store(interpreted):
-    """The tail's TMA stores share the epilogue's output descriptor (one box shape)."""
-    gemm = interpreted[0]
-    x = torch.randn(64, 16, dtype=torch.float16)
-    out = torch.empty(64, 32, dtype=torch.float16)
-    w = torch.randn(2, 32, 16, dtype=torch.float16)
-    with pytest.raises(ValueError, match="tma_tail shares tma_store's output descriptor"):
-        gemm._plan(x, w, None, None, out, configs.GemmConfig(16, 32, 16, 1, 1, tma_store=2, tma_tail=1), True)
-
-
-def test_tma_tail_only_where_it_applies(interpreted):
-    """TMA tail zeros need the TMA path and a tail to zero; when saving gate and up, all three
-    tails take the masked stores."""
-    gemm = interpreted[0]
-    x = torch.randn(64, 16, dtype=torch.float16)
-    out = torch.empty(64, 32, dtype=torch.float16)
-    w = torch.randn(2, 32, 16, dtype=torch.float16)
-    cfg = configs.GemmConfig(16, 32, 16, 1, 1, tma_tail=2)
-    assert gemm._plan(x, w, None, None, out, cfg, True).constexprs["TMA_TAIL"] == 2
-    assert gemm._plan(x, w, None, None, out, cfg, False).constexprs["TMA_TAIL"] == 0
-    assert gemm._plan(x, w, None, None, out, cfg, True, zero_tail=False).constexprs["TMA_TAIL"] == 0
-    saved = (torch.empty_like(out), torch.empty_like(out))
-    assert gemm._plan(x, w, w, None, out, cfg, True, saved=saved).constexprs["TMA_TAIL"] == 0
 
 
 def test_flatten_with_tma_store_is_refused(interpreted):

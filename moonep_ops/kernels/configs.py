@@ -23,7 +23,6 @@ class GemmConfig:
     warp_specialize: bool = False  # producer/consumer warps (Triton's automatic warp specialization)
     tma_store: int = 0  # full tiles stored by TMA in this many column pieces (0: masked stores only)
     group_major: bool = False  # items segment by segment, row tiles fastest (a weight tile's readers together)
-    tma_tail: int = 0  # output tail zeros stored by TMA in this many column pieces (0: masked stores)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -170,7 +170,6 @@ def _moe_gemm_kernel(
     TMA_STORE: tl.constexpr = 0, DUAL: tl.constexpr = False, SAVE: tl.constexpr = False,
     ZERO_TAIL: tl.constexpr = True, GROUP_MAJOR: tl.constexpr = False,
     LAUNCH_DEPENDENTS: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
-    TAIL_BEFORE_WAIT: tl.constexpr = False, TMA_TAIL: tl.constexpr = 0,
 ):
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (launched with launch_pdl) may start
@@ -206,12 +205,6 @@ def _moe_gemm_kernel(
                 g0, _, _, pid_n0 = _small_g_item(pid, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl, g_incl,
                                                  BLOCK_M, GROUP_MAJOR)
                 _prefetch_rows_l2(w_ptr, g0 * N + pid_n0 * BLOCK_N, g0 * N + N, stride_wn, BLOCK_N, PREFETCH_BYTES)
-        if ZERO_TAIL and TAIL_BEFORE_WAIT:
-            # The output's tail zeros while the primary finishes (experiment, off by default: it
-            # stores before the wait, so ``out`` must not alias anything the primary reads).
-            for j in range(pid, tail_tiles * n_tiles, num_progs):
-                _zero_tail_item(out_ptr, gate_out_ptr, up_out_ptr, cu_ptr, G, NUM_ROWS, N, j, n_tiles,
-                                stride_om, stride_on, BLOCK_M, BLOCK_N, SAVE)
         gdc_wait()
 
     offs_k = tl.arange(0, BLOCK_K)
@@ -325,22 +318,12 @@ def _moe_gemm_kernel(
 
     # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
     # ZERO_TAIL=False leaves them unwritten (an intermediate that only segment-aware kernels read).
-    if ZERO_TAIL and not (WAIT_PRIOR and TAIL_BEFORE_WAIT):
+    if ZERO_TAIL:
         tail_items = tail_tiles * n_tiles
         first = (pid - real_items % num_progs + num_progs) % num_progs
-        if TMA_TAIL > 0:
-            # Asynchronous bulk stores of one zero tile in shared memory: no per-element
-            # addresses or masks (the descriptor clips at NvS and N).
-            zeros = tl.zeros((BLOCK_M, BLOCK_N // TMA_TAIL), dtype=out_ptr.dtype.element_ty)
-            for j in range(first, tail_items, num_progs):
-                row = live_end + (j // n_tiles) * BLOCK_M
-                col = (j % n_tiles) * BLOCK_N
-                for piece in tl.static_range(TMA_TAIL):
-                    o_desc.store([row, col + piece * (BLOCK_N // TMA_TAIL)], zeros)
-        else:
-            for j in range(first, tail_items, num_progs):
-                _zero_tail_item(out_ptr, gate_out_ptr, up_out_ptr, cu_ptr, G, NUM_ROWS, N, j, n_tiles,
-                                stride_om, stride_on, BLOCK_M, BLOCK_N, SAVE)
+        for j in range(first, tail_items, num_progs):
+            _zero_tail_item(out_ptr, gate_out_ptr, up_out_ptr, cu_ptr, G, NUM_ROWS, N, j, n_tiles,
+                            stride_om, stride_on, BLOCK_M, BLOCK_N, SAVE)
 
 
 def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
@@ -404,7 +387,6 @@ _FIRST_DESC = 9  # index of the first descriptor in _Plan.args
 
 PDL_ROLES = ("", "primary", "dependent")
 PREFETCH_FIRST_WEIGHT_TILE = True  # the PDL dependent warms L2 with its first weight tile (A/B switch)
-ZERO_TAIL_BEFORE_WAIT = False  # experiment: the PDL dependent zeroes its tail before it waits (A/B switch)
 
 
 def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None, saved=None,
@@ -423,9 +405,7 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     if not use_tma:  # PDL is a Hopper feature: elsewhere the pair runs plainly one after the other
         pdl = ""
     if not use_tma:  # the schedule knobs are measured (and meant) for the Hopper TMA path only
-        cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0, tma_tail=0)
-    if cfg.tma_store and cfg.tma_tail and cfg.tma_store != cfg.tma_tail:
-        raise ValueError("GemmConfig: tma_tail shares tma_store's output descriptor: give both the same pieces")
+        cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0)
     if cfg.flatten and cfg.tma_store:
         # Triton 3.6 fails to compile a flattened loop around the full/partial store branch.
         raise ValueError("GemmConfig: flatten and tma_store cannot be combined")
@@ -459,11 +439,8 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
         descs = (a_geo, ([g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k]),
                  ([g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k]), a_geo if dual else None, None)
     tma_store = cfg.tma_store if use_tma and tma_addressable(out) else 0
-    # Tail zeros by TMA: out's own zeros only (when saving, gate and up take masked stores too).
-    tma_tail = cfg.tma_tail if use_tma and tma_addressable(out) and zero_tail and saved is None else 0
-    if tma_store or tma_tail:
-        pieces = tma_store or tma_tail
-        descs = descs[:4] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // pieces]),)
+    if tma_store:
+        descs = descs[:4] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // tma_store]),)
     small_g = g <= SMALL_G_MAX
     prefetch = 0
     if pdl == "dependent" and small_g and not w_kn and PREFETCH_FIRST_WEIGHT_TILE:
@@ -481,8 +458,7 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
                         FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual,
                         SAVE=saved is not None, ZERO_TAIL=zero_tail,
                         GROUP_MAJOR=cfg.group_major and small_g,
-                        LAUNCH_DEPENDENTS=pdl == "primary", WAIT_PRIOR=pdl == "dependent", PREFETCH_BYTES=prefetch,
-                        TAIL_BEFORE_WAIT=pdl == "dependent" and ZERO_TAIL_BEFORE_WAIT, TMA_TAIL=tma_tail),
+                        LAUNCH_DEPENDENTS=pdl == "primary", WAIT_PRIOR=pdl == "dependent", PREFETCH_BYTES=prefetch),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs, launch_pdl=pdl == "dependent",
     )
 
