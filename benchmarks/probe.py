@@ -49,7 +49,6 @@ CAP = (9, 0)
 # the tail is bound by the DRAM write rate): both removed from the kernel.
 FUSED = {}
 DOWN = {}
-ZERO_TAIL_CANDS = ("committed_zero_tail",)  # fused candidates that write act's tail
 
 
 def committed(role, shape, nvs) -> GemmConfig:
@@ -137,7 +136,7 @@ def _probe_shape(shape, padding, args) -> dict:
     row = {"shape": shape.name, "padding": padding, "nvs": nvs, "live": live, "roles": {}, "paths": {}}
     cands = {
         "fused": {"committed_zero_tail": (cfg_f, True), "committed": (cfg_f, False),
-                  **{k: (_resolve(v, cfg_f), k in ZERO_TAIL_CANDS) for k, v in FUSED.items()}},
+                  **{k: (_resolve(v, cfg_f), False) for k, v in FUSED.items()}},
         "down": {"committed": (cfg_d, None), **{k: (_resolve(v, cfg_d), None) for k, v in DOWN.items()}},
     }
     best = {}
@@ -165,7 +164,7 @@ def _probe_shape(shape, padding, args) -> dict:
             print(f"  {role:<5} {name:<22} {r['us']:8.1f} us  rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}",
                   flush=True)
         row["roles"].setdefault(role, {}).update(timed)
-        best[role] = min((n for n in timed if n not in ZERO_TAIL_CANDS), key=lambda n: timed[n]["us"])
+        best[role] = min((n for n in timed if n != "committed_zero_tail"), key=lambda n: timed[n]["us"])
     bf, bd = cands["fused"][best["fused"]][0], cands["down"][best["down"]][0]
     paths = {"zero_act_tail": lambda: (fused(cfg_f, True)(), down(cfg_d)()),
              "no_pdl": lambda: (fused(cfg_f)(), down(cfg_d)()),

@@ -13,8 +13,8 @@
 #             SCHEDULE_ROLES picks roles, e.g. fused_save)
 #   probe:    where the forward GEMMs' time goes (benchmarks.probe: tail, knobs, row strides; only when
 #             named; PROBE_SHAPES picks shapes), then Nsight Compute on the committed kernels (NCU=0: skip)
-#   dram:     DRAM streaming rate by weight layout (benchmarks.dram_layout: the kernels' strided
-#             TMA boxes vs contiguous ones, and a torch copy; only when named)
+#   dram:     DRAM rates (benchmarks.dram_layout: reads in the kernels' strided TMA boxes vs
+#             contiguous ones, plain loads, a copy, writes alone; only when named)
 #   PYTEST_K / FUZZ_K: a pytest -k filter for the tests/portable steps / the fuzz step (a re-run
 #             of what a change touched)
 #   all:      every step (longer than one 10-minute device command: split it across calls)

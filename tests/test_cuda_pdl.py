@@ -15,6 +15,7 @@ from moonep_ops.kernels import triton_grouped_gemm as gemm
 from moonep_ops.kernels.cuda import _choose_fused, _choose_plain
 from .layouts import Layout, experts_inputs
 from .reference import TOLERANCE, experts_ref, rel_err
+from .test_cuda_capture import _capture, _copy_into
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -58,19 +59,10 @@ def test_experts_pdl_graph_replay_with_poisoned_act():
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        _pair(x, w_gate, w_up, w_down, rw, cu, act, out)  # compiles outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _pair(x, w_gate, w_up, w_down, rw, cu, act, out)
+    graph, _ = _capture(_pair, x, w_gate, w_up, w_down, rw, cu, act, out)
     for seed in range(5):
         torch.manual_seed(seed)
-        new = experts_inputs(layout, torch.bfloat16, "cuda")
-        for dst, src in zip((x, w_gate, w_up, w_down, cu, rw), new):
-            dst.copy_(src)
+        _copy_into((x, w_gate, w_up, w_down, cu, rw), experts_inputs(layout, torch.bfloat16, "cuda"))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()

@@ -210,9 +210,8 @@ def _moe_gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     # Real work items (row tile, column tile), columns fastest (GROUP_MAJOR: see the module
     # docstring). FLATTEN lets the software pipeliner issue the next item's loads under this
-    # item's epilogue; the epilogue then
-    # re-derives its own item from a second counter (``item_c``), so that it does not depend on
-    # values of the loop's prologue.
+    # item's epilogue; the epilogue then re-derives its own item from a second counter
+    # (``item_c``), so that it does not depend on values of the loop's prologue.
     item_c = pid - num_progs
     for item in tl.range(pid, real_items, num_progs, flatten=FLATTEN, warp_specialize=WARP_SPEC):
         if SMALL_G:
@@ -402,10 +401,11 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     the dependent's ``cu_seqlens`` and weights are not written by the primary (the ``experts`` op)."""
     if pdl not in PDL_ROLES:
         raise ValueError(f"pdl must be one of {PDL_ROLES}, got {pdl!r}")
-    if not use_tma:  # PDL is a Hopper feature: elsewhere the pair runs plainly one after the other
-        pdl = ""
-    if not use_tma:  # the schedule knobs are measured (and meant) for the Hopper TMA path only
+    if not use_tma:
+        # The schedule knobs are measured (and meant) for the Hopper TMA path only, and PDL is a
+        # Hopper feature: elsewhere the pair runs plainly one after the other.
         cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0)
+        pdl = ""
     if cfg.flatten and cfg.tma_store:
         # Triton 3.6 fails to compile a flattened loop around the full/partial store branch.
         raise ValueError("GemmConfig: flatten and tma_store cannot be combined")
