@@ -73,7 +73,10 @@ class Compiler:
         bound, specialization, options = binder(*args, **kwargs)
         options, signature, constexprs, attrs = fn._pack_args(self.backend, kwargs, bound, specialization, options)
         consts = {fn.arg_names[path[0]]: value for path, value in constexprs.items() if len(path) == 1}
-        return ASTSource(fn, signature, constexprs, attrs), signature, options, consts
+        source_cls = ASTSource
+        if getattr(fn, "is_gluon", lambda: False)():
+            from triton.experimental.gluon._runtime import GluonASTSource as source_cls
+        return source_cls(fn, signature, constexprs, attrs), signature, options, consts
 
     def run(self, fn, *args, grid, warmup, **kwargs):
         source, signature, options, consts = self.specialize(fn, args, kwargs)
@@ -115,7 +118,8 @@ def _resource_usage(cubin) -> dict:
 
 
 # The GEMM kernels (tl.dot): bf16/fp16 operands must reach the tensor cores.
-GEMM_KERNELS = ("_moe_gemm_kernel", "_grouped_gemm_wgrad_kernel", "_grouped_gemm_silu_mul_backward_kernel")
+GEMM_KERNELS = ("_moe_gemm_kernel", "_grouped_gemm_wgrad_kernel", "_grouped_gemm_silu_mul_backward_kernel",
+                "_ws_grouped_gemm_kernel")
 
 
 def _tensor_core_error(r):

@@ -3,6 +3,7 @@
 # same GPU), the long fuzz profile, compute-sanitizer, and the benchmarks.
 # Usage on the GPU machine, from the repo root:  bash scripts/gpu_check.sh [STEP...]
 #   tests:    pytest -m cuda over tests/ and compile_tests/ (fuzzing excluded), 8 xdist workers
+#   triton:   the cuda tests again with MOONEP_OPS_GLUON=0 (the Triton kernels on Hopper)
 #   portable: the cuda tests again with MOONEP_OPS_PORTABLE=1 (the sm80 path)
 #   fuzz:     the CUDA fuzz, long profile: FUZZ_EXAMPLES per op (default 2000) in FUZZ_SHARDS
 #             (default 16) seeded items per op, spread over the xdist workers
@@ -13,6 +14,8 @@
 #             SCHEDULE_ROLES picks roles, e.g. fused_save)
 #   probe:    where the forward GEMMs' time goes (benchmarks.probe: tail, knobs, row strides; only when
 #             named; PROBE_SHAPES picks shapes), then Nsight Compute on the committed kernels (NCU=0: skip)
+#   gluon:    the Gluon kernels against the Triton ones per GEMM and whole path (benchmarks.probe_gluon;
+#             only when named)
 #   dram:     DRAM rates (benchmarks.dram_layout: reads in the kernels' strided TMA boxes vs
 #             contiguous ones, plain loads, a copy, writes alone; only when named)
 #   PYTEST_K / FUZZ_K: a pytest -k filter for the tests/portable steps / the fuzz step (a re-run
@@ -62,6 +65,11 @@ K_ARGS=(${PYTEST_K:+-k "$PYTEST_K"})
 if want tests; then
   run_pytest cuda -m cuda $TIMEOUT_ARGS "${K_ARGS[@]}" --ignore=tests/test_fuzz.py tests compile_tests
 fi
+if want triton; then
+  # The Triton kernels on Hopper (MOONEP_OPS_GLUON=0: no warp-specialized Gluon kernels).
+  MOONEP_OPS_GLUON=0 run_pytest cuda_triton -m cuda $TIMEOUT_ARGS --ignore=tests/test_fuzz.py \
+    -k "not long_replay${PYTEST_K:+ and ($PYTEST_K)}" tests
+fi
 if want portable; then
   # The portable (sm80) path on the same GPU: MOONEP_OPS_PORTABLE=1 turns the Hopper TMA loads off.
   MOONEP_OPS_PORTABLE=1 run_pytest cuda_portable -m cuda $TIMEOUT_ARGS --ignore=tests/test_fuzz.py \
@@ -91,6 +99,13 @@ if [[ "$steps" == *" schedules "* ]]; then
     ${SCHEDULE_ROLES:+--roles $SCHEDULE_ROLES} --out "$OUT/tune_schedules.json" 2>&1 | tee "$OUT/tune_schedules.log" | grep -v "^  " | tail -n 24
   rc=${PIPESTATUS[0]}
   echo "tune --schedules rc=$rc" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || status=1
+fi
+if [[ "$steps" == *" gluon "* ]]; then
+  timeout ${GLUON_TIMEOUT:-420} python3 -m benchmarks.probe_gluon --paddings ${PADDINGS:-128,1} \
+    --out "$OUT/probe_gluon.json" 2>&1 | tee "$OUT/probe_gluon.log" | grep -v "tail zero True" | tail -n 60
+  rc=${PIPESTATUS[0]}
+  echo "probe_gluon rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 fi
 if [[ "$steps" == *" dram "* ]]; then

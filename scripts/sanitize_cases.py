@@ -5,7 +5,8 @@ compiling and running happen here, in the one sanitized process.
 The ops and their checks come from the fuzz suite's op table (tests/fuzz_strategies.py), so
 a new op with a fuzz entry is sanitized too. Each problem has tail rows (NaN in the inputs),
 empty groups (leading, inner, trailing), segments longer than one row tile, odd sizes; bf16
-and fp32; on Hopper both the TMA and the portable path. Then every op with bad cu_seqlens
+and fp32; on Hopper the default path (the Gluon forward kernels on sm90), the Triton TMA path
+(``MOONEP_OPS_GLUON=0``) and the portable path. Then every op with bad cu_seqlens
 values (decreasing, negative, past NvS, int32 extremes): unspecified results, but no
 out-of-bounds access. Every case is also checked against the float64 reference.
 
@@ -68,6 +69,11 @@ def _run(name, fn, results):
     print(f"[{time.perf_counter() - t0:7.2f}s] {name}: {status}", flush=True)
 
 
+def _set_mode(mode: str) -> None:
+    os.environ["MOONEP_OPS_PORTABLE"] = "1" if mode == "portable" else "0"
+    os.environ["MOONEP_OPS_GLUON"] = "0" if mode == "triton" else "1"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -76,16 +82,17 @@ def main():
         sys.exit("sanitize_cases.py: no CUDA device")
     modes = ["default"]
     if device == "cuda" and torch.cuda.get_device_capability() >= (9, 0):
+        modes.append("triton")  # MOONEP_OPS_GLUON=0: the Triton kernels where sm90 takes Gluon ones
         modes.append("portable")  # MOONEP_OPS_PORTABLE=1: the sm80 path on the same GPU
     print(f"torch {torch.__version__}, device {device}"
           + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else "")
           + f", PYTORCH_NO_CUDA_MEMORY_CACHING={os.environ.get('PYTORCH_NO_CUDA_MEMORY_CACHING')}", flush=True)
     results = []
     for mode in modes:
-        os.environ["MOONEP_OPS_PORTABLE"] = "1" if mode == "portable" else "0"
+        _set_mode(mode)
         for dtype in (torch.bfloat16, torch.float32):
-            if mode == "portable" and dtype == torch.float32:
-                continue  # fp32 never takes the TMA path: nothing new to run
+            if mode != "default" and dtype == torch.float32:
+                continue  # fp32 never takes the TMA or Gluon path: nothing new to run
             for pname, p in problems(dtype).items():
                 for spec in OPS:
                     if spec.moonep_op is None:
@@ -93,14 +100,16 @@ def main():
                     _run(f"{mode} {str(dtype)[6:]} {pname} {spec.name}",
                          lambda: check(spec, p, device, repeat=False), results)
     # Invalid cu_seqlens values: the CUDA kernels must stay in bounds (no values to check).
-    os.environ["MOONEP_OPS_PORTABLE"] = "0"
-    for bad, ends in BAD_VALUES.items():
-        b = base_tensors(device, torch.bfloat16)
-        calls = value_calls(b, cu_tensor(b, ends))
-        for op, (fn, args) in calls.items():
-            if device == "cpu":
-                continue  # the CPU kernels raise on these (tests/test_bad_input_cuda.py checks it)
-            _run(f"bad_cu_{bad} {op}", lambda: fn(*args), results)
+    for mode in [m for m in modes if m != "portable"]:
+        _set_mode(mode)
+        for bad, ends in BAD_VALUES.items():
+            b = base_tensors(device, torch.bfloat16)
+            calls = value_calls(b, cu_tensor(b, ends))
+            for op, (fn, args) in calls.items():
+                if device == "cpu":
+                    continue  # the CPU kernels raise on these (tests/test_bad_input_cuda.py checks it)
+                _run(f"{mode} bad_cu_{bad} {op}", lambda: fn(*args), results)
+    _set_mode("default")
     failed = [name for name, ok in results if not ok]
     print(f"SANITIZE_CASES ran={len(results)} failed={len(failed)}", flush=True)
     for name in failed:

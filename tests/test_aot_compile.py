@@ -38,9 +38,10 @@ def test_the_check_flags_an_oversized_config():
     assert returncode == 0, output[-4000:]
 
 
-def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys):
+def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys, monkeypatch):
     """scripts/aot_dump.py (a development tool) compiles the variant a problem takes and reports
-    its wgmma pipeline: the fused gate/up kernel issues async wgmma for both products."""
+    its wgmma pipeline: the fused gate/up kernel issues async wgmma for both products (the Triton
+    kernel with ``MOONEP_OPS_GLUON=0``, else the Gluon one)."""
     import importlib.util
     import pathlib
 
@@ -48,8 +49,16 @@ def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("aot_dump", path)
     aot_dump = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(aot_dump)
-    assert aot_dump.main(["--op", "fused", "--rows", "512", "--k", "256", "--n", "128", "--groups", "4",
-                          "--out", str(tmp_path)]) == 0
+    args = ["--op", "fused", "--rows", "512", "--k", "256", "--n", "128", "--groups", "4", "--out", str(tmp_path)]
+    from moonep_ops.kernels import cuda
+
+    if cuda._gluon_importable():
+        assert aot_dump.main(args) == 0
+        printed = capsys.readouterr().out
+        assert "_ws_grouped_gemm_kernel sm90" in printed and "'FUSED': True" in printed, printed
+        assert re.search(r"wgmma\.mma_async [1-9]", printed), printed
+    monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
+    assert aot_dump.main(args) == 0
     printed = capsys.readouterr().out
     assert "'FUSED': True" in printed and "'USE_TMA': True" in printed, printed
     mma = re.search(r"wgmma\.mma_async (\d+), commit_group (\d+)", printed)

@@ -38,3 +38,85 @@ def test_no_dependent_without_a_fused_launch(recorded, monkeypatch):
     monkeypatch.delenv("MOONEP_OPS_NO_PDL", raising=False)
     _experts(i=0)
     assert recorded == [(True, ""), (False, "")]
+
+
+# The Gluon kernels (sm90): where the ops send each GEMM. CPU tensors with the capability forced;
+# the Gluon launcher is recorded, not run.
+
+def _gluon_or_skip():
+    if not cuda._gluon_importable():
+        pytest.skip("this Triton has no usable Gluon")
+
+
+@pytest.fixture
+def on_sm90(monkeypatch, recorded):
+    _gluon_or_skip()
+    from moonep_ops.kernels import gluon_grouped_gemm
+
+    monkeypatch.setattr(cuda, "capability_of", lambda t: (9, 0))
+    gluon_calls = []
+
+    def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True):
+        cfg = choose(a, w, w_up, out)
+        if cfg is None:
+            return False
+        gluon_calls.append((w_up is not None, zero_tail, cfg))
+        return True
+
+    monkeypatch.setattr(gluon_grouped_gemm, "run_gluon_gemm", run_gluon_gemm)
+    for var in ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE", "MOONEP_OPS_NO_PDL"):
+        monkeypatch.delenv(var, raising=False)
+    return gluon_calls, recorded
+
+
+def _experts_bf16(h=64, i=32, g=3, nvs=20):
+    x = torch.randn(nvs, h, dtype=torch.bfloat16)
+    cu = torch.tensor([5, 9, 14], dtype=torch.int32)
+    ws = [torch.randn(g, i, h, dtype=torch.bfloat16), torch.randn(g, i, h, dtype=torch.bfloat16),
+          torch.randn(g, h, i, dtype=torch.bfloat16)]
+    cuda.experts_into(x, *ws, None, cu, torch.empty(nvs, h, dtype=torch.bfloat16))
+
+
+def test_experts_on_sm90_takes_the_gluon_kernels_without_pdl(on_sm90):
+    gluon_calls, triton_calls = on_sm90
+    _experts_bf16()
+    assert [(fused, zero_tail) for fused, zero_tail, _ in gluon_calls] == [(True, False), (False, True)]
+    assert triton_calls == []
+
+
+def test_gluon_switch_off_gives_the_triton_pair_with_pdl(on_sm90, monkeypatch):
+    gluon_calls, triton_calls = on_sm90
+    monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
+    _experts_bf16()
+    assert gluon_calls == [] and triton_calls == [(True, "primary"), (False, "dependent")]
+
+
+def test_operands_tma_cannot_address_take_the_triton_kernels(on_sm90):
+    """H = 60: 120-byte rows, not a multiple of 16 bytes; fp32: never the Gluon kernels."""
+    gluon_calls, triton_calls = on_sm90
+    _experts_bf16(h=60)
+    assert gluon_calls == [] and triton_calls == [(True, "primary"), (False, "dependent")]
+    x, w, cu = torch.randn(20, 64), torch.randn(3, 32, 64), torch.tensor([5, 9, 14], dtype=torch.int32)
+    cuda.grouped_gemm_into(x, w, cu, torch.empty(20, 32))
+    assert gluon_calls == [] and triton_calls[-1] == (False, "")
+
+
+def test_gluon_usable_reads_metadata_only(monkeypatch):
+    _gluon_or_skip()
+    for var in ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE"):
+        monkeypatch.delenv(var, raising=False)
+    a = torch.randn(256, 64, dtype=torch.bfloat16)
+    w = torch.randn(2, 32, 64, dtype=torch.bfloat16)
+    out = torch.empty(256, 32, dtype=torch.bfloat16)
+    assert cuda._gluon_usable((9, 0), a, out, w)
+    assert not cuda._gluon_usable((10, 0), a, out, w)  # no wgmma on Blackwell
+    assert not cuda._gluon_usable((8, 0), a, out, w)
+    assert not cuda._gluon_usable((9, 0), a.float(), out.float(), w.float())
+    assert not cuda._gluon_usable((9, 0), a[:, :0], out, w[:, :, :0])  # K = 0
+    odd = torch.randn(256, 68, dtype=torch.bfloat16)[:, :64]  # 136-byte rows
+    assert not cuda._gluon_usable((9, 0), odd, out, w)
+    monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
+    assert not cuda._gluon_usable((9, 0), a, out, w)
+    monkeypatch.setenv("MOONEP_OPS_GLUON", "1")
+    monkeypatch.setenv("MOONEP_OPS_PORTABLE", "1")
+    assert not cuda._gluon_usable((9, 0), a, out, w)

@@ -26,6 +26,19 @@ class GemmConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class GluonConfig:
+    """Config of the warp-specialized Gluon kernel (:mod:`.gluon_grouped_gemm`, sm90 only)."""
+    block_n: int = 128
+    stages: int = 5
+    pingpong: bool = True  # two consumer warpgroups on alternate tiles (else both on each tile)
+    group_major: bool = True
+    block_m: int = 128
+    block_k: int = 64
+    producer_regs: int = 40
+    consumer_regs: int = 232
+
+
+@dataclasses.dataclass(frozen=True)
 class EltwiseConfig:
     block_rows: int
     block_cols: int
@@ -82,6 +95,24 @@ def fused_gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
             return GemmConfig(128, 128, 64, 8, 3, warp_specialize=True)
         return GemmConfig(128, 128, 64, 8, 4, tma_store=2, group_major=True)
     return GemmConfig(128, 64, 64, 8, 3)  # 96 KB of shared memory: fits sm86/sm89 too
+
+
+def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig:
+    """Config of the Gluon kernel (Hopper, bf16/fp16) for ``[num_rows, n]`` with reduction ``k``.
+
+    benchmarks/results/probe_gluon_h200.json (the six BASELINE shapes, padded and unpadded):
+    ping-pong consumers (a warpgroup per 128-row tile, one's epilogue under the other's main loop)
+    win where tiles are short or the problem is memory-bound; both warpgroups on one tile (128x128,
+    64 rows each) on the long compute-bound fused GEMMs (kimi-k2 S=1024 and prefill) and on the
+    down GEMMs with short reductions (K = I <= 2048 and not prefill-long).
+    """
+    if fused:
+        if k >= 4096 and num_rows >= 8192:
+            return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768)
+        return GluonConfig(block_n=64, stages=6)  # two accumulators of 64 columns per warpgroup
+    if k >= 8192 or (num_rows >= 32768 and k >= 2048):
+        return GluonConfig(block_n=128, stages=5)
+    return GluonConfig(block_n=128, stages=6, pingpong=False)
 
 
 def eltwise_config(cols: int, capability: tuple[int, int] | None) -> EltwiseConfig:

@@ -39,6 +39,61 @@ def pdl_allowed() -> bool:
     return os.environ.get("MOONEP_OPS_NO_PDL", "0") in ("", "0")
 
 
+def gluon_allowed() -> bool:
+    """``MOONEP_OPS_GLUON=0`` keeps the forward GEMMs on the Triton kernel on Hopper too (the
+    warp-specialized Gluon kernels are otherwise used where :func:`_gluon_usable` holds)."""
+    return os.environ.get("MOONEP_OPS_GLUON", "1") not in ("", "0")
+
+
+_GLUON_MODULE = []  # [module or None] once the import was tried
+
+
+def _gluon_module():
+    """:mod:`.gluon_grouped_gemm`, or None when this Triton's Gluon (an experimental layer) lacks
+    what it uses: then the Triton kernels run."""
+    if not _GLUON_MODULE:
+        try:
+            from . import gluon_grouped_gemm as module
+        except Exception:  # noqa: BLE001  (ImportError, or an API that moved)
+            module = None
+        _GLUON_MODULE.append(module)
+    return _GLUON_MODULE[0]
+
+
+def _gluon_importable() -> bool:
+    return _gluon_module() is not None
+
+
+def _gluon_wanted(capability, dtype) -> bool:
+    """The per-call part of the choice (cheap; the TMA checks run once per signature, in
+    :func:`_gluon_plain` / :func:`_gluon_fused`): sm90 exactly (wgmma; Blackwell has none),
+    bf16/fp16, unless ``MOONEP_OPS_PORTABLE=1`` or ``MOONEP_OPS_GLUON=0``."""
+    return (capability == (9, 0) and dtype in (torch.bfloat16, torch.float16) and gluon_allowed()
+            and not portable_only() and _gluon_module() is not None)
+
+
+def _gluon_usable(capability, a, out, *weights) -> bool:
+    """All of the choice: :func:`_gluon_wanted`, TMA-addressable operands and output, and no empty
+    reduction or weight stack (a TMA descriptor needs every extent > 0)."""
+    from .triton_grouped_gemm import tma_addressable, tma_usable
+
+    return (_gluon_wanted(capability, a.dtype) and a.shape[1] > 0 and weights[0].shape[0] > 0
+            and tma_usable(a, *weights) and tma_addressable(out))
+
+
+def _gluon_plain(a, w, _w_up, out):
+    """Config of the plain GEMM on the Gluon kernel, or None (operands TMA cannot address)."""
+    if not _gluon_usable(capability_of(a), a, out, w):
+        return None
+    return configs.gluon_gemm_config(w.shape[1], a.shape[1], a.shape[0], fused=False)
+
+
+def _gluon_fused(x, w_gate, w_up, out):
+    if not _gluon_usable(capability_of(x), x, out, w_gate, w_up):
+        return None
+    return configs.gluon_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], fused=True)
+
+
 def hopper_tma(capability, dtype) -> bool:
     """TMA loads: sm90+ and bf16/fp16 (fp32 takes the portable path), unless
     ``MOONEP_OPS_PORTABLE=1``."""
@@ -68,17 +123,34 @@ def _dense(t):
     return None if t is None else t.contiguous()
 
 
-def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
+def _run_plain(a, w, cu, out, pdl: str = "") -> bool:
+    """The plain GEMM on the Gluon kernel when it applies (True), else on the Triton kernel."""
+    if _gluon_wanted(capability_of(a), a.dtype) and _gluon_module().run_gluon_gemm(a, w, None, None, cu, out,
+                                                                                   _gluon_plain):
+        return True
     from .triton_grouped_gemm import run_moe_gemm
 
-    run_moe_gemm(a, w, None, None, _dense(cu_seqlens), out, _choose_plain, portable_only())
+    run_moe_gemm(a, w, None, None, cu, out, _choose_plain, portable_only(), pdl=pdl)
+    return False
+
+
+def _run_fused(x, w_gate, w_up, route_weights, cu, out, zero_tail: bool = True, pdl: str = "") -> bool:
+    if _gluon_wanted(capability_of(x), x.dtype) and _gluon_module().run_gluon_gemm(
+            x, w_gate, w_up, route_weights, cu, out, _gluon_fused, zero_tail=zero_tail):
+        return True
+    from .triton_grouped_gemm import run_moe_gemm
+
+    run_moe_gemm(x, w_gate, w_up, route_weights, cu, out, _choose_fused, portable_only(), zero_tail=zero_tail,
+                 pdl=pdl)
+    return False
+
+
+def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
+    _run_plain(a, w, _dense(cu_seqlens), out)
 
 
 def grouped_gemm_silu_mul_into(x, w_gate, w_up, route_weights, cu_seqlens, out) -> None:
-    from .triton_grouped_gemm import run_moe_gemm
-
-    run_moe_gemm(x, w_gate, w_up, _dense(route_weights), _dense(cu_seqlens), out, _choose_fused,
-                 portable_only())
+    _run_fused(x, w_gate, w_up, _dense(route_weights), _dense(cu_seqlens), out)
 
 
 def grouped_gemm_silu_mul_with_gate_up_into(x, w_gate, w_up, route_weights, cu_seqlens, act, gate, up) -> None:
@@ -91,18 +163,16 @@ def grouped_gemm_silu_mul_with_gate_up_into(x, w_gate, w_up, route_weights, cu_s
 def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
     """The fused gate/up GEMM into a scratch ``act``, then the down GEMM into ``out``. ``act``'s tail
     rows are left unwritten: the down GEMM never reads rows past ``cu_seqlens[-1]``."""
-    from .triton_grouped_gemm import run_moe_gemm
-
     cu = _dense(cu_seqlens)
     act = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
-    # The down GEMM is launched as a programmatic dependent of the fused one (Hopper; ignored
-    # elsewhere): its programs start as the fused kernel's finish. Only when the fused kernel does
-    # launch (I > 0), so that it is the kernel right before it.
+    # With the Triton kernels on Hopper, the down GEMM is launched as a programmatic dependent of
+    # the fused one: its programs start as the fused kernel's finish. Only when the fused kernel
+    # is a Triton one and does launch (I > 0), so that it is the kernel right before it. (The
+    # Gluon kernels, when they apply, run plainly one after the other.)
     pdl = pdl_allowed() and w_gate.shape[1] > 0
-    run_moe_gemm(x, w_gate, w_up, _dense(route_weights), cu, act, _choose_fused, portable_only(),
-                 zero_tail=False, pdl="primary" if pdl else "")
-    run_moe_gemm(act, w_down, None, None, cu, out, _choose_plain, portable_only(),
-                 pdl="dependent" if pdl else "")
+    fused_on_gluon = _run_fused(x, w_gate, w_up, _dense(route_weights), cu, act, zero_tail=False,
+                                pdl="primary" if pdl else "")
+    _run_plain(act, w_down, cu, out, pdl="dependent" if pdl and not fused_on_gluon else "")
 
 
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:

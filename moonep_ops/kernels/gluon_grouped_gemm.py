@@ -1,0 +1,362 @@
+"""Hopper-only grouped GEMM in Gluon (Triton's explicit layer): warp-specialized, persistent.
+
+``out[seg_g] = a[seg_g] @ w[g].T`` for the segments of ``cu_seqlens``, rows ``[cu[-1], NvS)``
+of ``out`` set to zero, like the Triton kernel's plain GEMM (:mod:`.triton_grouped_gemm`), whose
+schedule this one keeps: a persistent grid, work items (row tile, column tile) numbered segment
+by segment (``GROUP_MAJOR``) or row tile by row tile, ``item = pid + i * num_programs``.
+
+What Gluon lets us write that Triton 3.6's compiler does not produce here (measured in
+``benchmarks/results/probe_gluon_h200*.json``):
+
+- Warp specialization by hand: a producer warp that only issues TMA loads into a ring of
+  ``STAGES`` shared-memory stages, running ahead across tile boundaries, and consumer warpgroups
+  that only issue wgmma. Stages are handed over by mbarriers (``ready``: the loads landed;
+  ``empty``: the MMAs that read the stage finished).
+- Two consumer schemes (``PINGPONG``): two warpgroups on alternate tiles, each owning a whole
+  128-row tile, so one's epilogue runs under the other's main loop (the main loops take turns:
+  see :func:`_consumer`); or both warpgroups on each tile, 64 rows each (cooperative).
+- The fused SwiGLU GEMM (``FUSED``): each ``a`` stage feeds two accumulators (gate, up), and
+  ``silu(gate) * up * route_weight`` is applied to them in fp32 before the one store of ``act``.
+- An epilogue through shared memory: a tile wholly inside its segment leaves by an asynchronous
+  TMA store, waited for only before the buffer is reused; a tile cut by a segment end is read
+  back in a coalesced layout and stored with a row mask (stores straight from the wgmma register
+  layout were 10-25% slower).
+
+The segment of an item is found by a forward walk over ``cu_seqlens`` (a program's items only
+move forward), with scalar loads: no per-item scans. Segment ends are used as in the Triton
+kernel (rows masked to ``[0, min(end, NvS))``), so invalid ``cu_seqlens`` give unspecified values,
+never an out-of-bounds access. Nothing syncs the host.
+"""
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from . import fast_launch, triton_grouped_gemm
+from .configs import GluonConfig
+
+
+@gluon.jit
+def _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M: gl.constexpr):
+    """Advance the segment cursor until ``key < incl * scale``: (g, excl, incl, start, end) of the
+    segment that holds ``key`` (tile prefix sums ``excl``/``incl``, rows ``[start, end)``)."""
+    while (key >= incl * scale) & (g < G - 1):
+        g += 1
+        start = end
+        end = gl.load(cu_ptr + g)
+        excl = incl
+        incl += (gl.maximum(end - start, 0) + BLOCK_M - 1) // BLOCK_M
+    return g, excl, incl, start, end
+
+
+@gluon.jit
+def _item_coords(item, n_tiles, excl, incl, start, BLOCK_M: gl.constexpr, GROUP_MAJOR: gl.constexpr):
+    """(first row, column tile) of ``item`` in the segment the cursor holds."""
+    if GROUP_MAJOR:
+        local = item - excl * n_tiles
+        count = gl.maximum(incl - excl, 1)
+        return start + (local % count) * BLOCK_M, local // count
+    else:
+        return start + (item // n_tiles - excl) * BLOCK_M, item % n_tiles
+
+
+@gluon.jit
+def _producer(a_desc, w_desc, u_desc, a_bufs, w_bufs, u_bufs, ready, empty, cu_ptr, G, N, K, real_items, n_tiles,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+              GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr):
+    pid = gl.program_id(0)
+    num_progs = gl.num_programs(0)
+    k_iters = gl.cdiv(K, BLOCK_K)
+    scale = n_tiles if GROUP_MAJOR else 1
+    g = -1
+    excl = 0
+    incl = 0
+    start = 0
+    end = 0
+    cnt = 0
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes * (2 if FUSED else 1)
+    for item in range(pid, real_items, num_progs):
+        key = item if GROUP_MAJOR else item // n_tiles
+        g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
+        row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
+        w_row = g * N + pid_n * BLOCK_N
+        for kk in range(k_iters):
+            s = cnt % STAGES
+            # mbarriers start with phase 1 complete: the first lap waits on parity 1 and passes.
+            mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            tma.async_copy_global_to_shared(a_desc, [row_lo, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
+            tma.async_copy_global_to_shared(w_desc, [w_row, kk * BLOCK_K], ready.index(s), w_bufs.index(s))
+            if FUSED:
+                tma.async_copy_global_to_shared(u_desc, [w_row, kk * BLOCK_K], ready.index(s), u_bufs.index(s))
+            cnt += 1
+
+
+@gluon.jit
+def _store_tile(acc, o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, stride_om, num_warps: gl.constexpr):
+    """The accumulator's tile (rows from ``row_lo``, columns from ``col0``) to ``out``, through
+    shared memory: a tile wholly inside its segment by a TMA store (clipped at NvS and N), a
+    tile cut by its segment's end read back in a coalesced layout and stored with a row mask."""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    tma.store_wait(0)  # the previous store has read o_buf
+    o_buf.store(acc.to(o_desc.dtype))
+    if (row_lo >= 0) & (row_lo + BLOCK_M <= end):
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [row_lo, col0], o_buf)
+    else:
+        cl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [num_warps, 1], [1, 0])
+        res = o_buf.load(cl)
+        rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, cl))
+        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, cl))
+        mask = ((rows >= 0) & (rows < gl.minimum(end, NUM_ROWS)))[:, None] & (cols < N)[None, :]
+        gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], res, mask=mask)
+
+
+@gluon.jit
+def _consumer(a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS,
+              N, K, stride_om, real_items, tail_items, n_tiles,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+              GROUP_MAJOR: gl.constexpr, ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
+              PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+    """Consumer ``PARITY`` of ``CONSUMERS``: the program's local items ``i = PARITY (mod CONSUMERS)``.
+
+    One consumer (``CONSUMERS == 1``, ``WARPS == 8``): both warpgroups share each tile, 64 rows
+    each. Two (ping-pong, ``WARPS == 4`` each): a warpgroup owns a whole tile; the producer fills
+    the ring in item order, so one warpgroup's main loop runs while the other one's epilogue does.
+    The main loops also take turns explicitly (``turn``): a consumer waits for the other one's
+    main loop to end before waiting on its own first stage. Without that, a consumer could wait
+    on a stage a whole lap of the ring ahead, and a parity wait cannot tell that lap from the
+    current one.
+    """
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+    o_buf = o_bufs.index(PARITY)
+    pid = gl.program_id(0)
+    num_progs = gl.num_programs(0)
+    k_iters = gl.cdiv(K, BLOCK_K)
+    scale = n_tiles if GROUP_MAJOR else 1
+    n_local = gl.cdiv(gl.maximum(real_items - pid, 0), num_progs)
+    g = -1
+    excl = 0
+    incl = 0
+    start = 0
+    end = 0
+    for i in range(PARITY, n_local, CONSUMERS):
+        if CONSUMERS == 2:
+            # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
+            mbarrier.wait(turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
+        item = pid + i * num_progs
+        key = item if GROUP_MAJOR else item // n_tiles
+        g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
+        row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        acc_u = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        cnt = i * k_iters  # the ring position of this item's first stage (the producer's count)
+        for kk in range(k_iters):
+            s = cnt % STAGES
+            mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            # At most this step's MMAs in flight: the previous step's are done, so its stage can be refilled.
+            if FUSED:
+                acc_u = warpgroup_mma(a_bufs.index(s), u_bufs.index(s).permute((1, 0)), acc_u, is_async=True)
+                acc, acc_u = warpgroup_mma_wait(2, deps=(acc, acc_u))
+            else:
+                acc = warpgroup_mma_wait(1, deps=(acc, ))
+            mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1, pred=kk > 0)
+            cnt += 1
+        if CONSUMERS == 2:
+            mbarrier.arrive(turn.index(1 - PARITY), count=1)  # every stage of this item has landed
+        if FUSED:
+            acc, acc_u = warpgroup_mma_wait(0, deps=(acc, acc_u))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+        if FUSED:  # silu(gate) * up * route weight on the fp32 accumulators
+            acc = acc / (1.0 + gl.exp(-acc)) * acc_u
+            if HAS_WEIGHTS:
+                rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+                rmask = (rows >= 0) & (rows < gl.minimum(end, NUM_ROWS))
+                acc = acc * gl.load(rw_ptr + rows, mask=rmask, other=0.0)[:, None]
+        _store_tile(acc, o_buf, o_desc, out_ptr, row_lo, pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, WARPS)
+
+    if ZERO_TAIL:
+        # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
+        zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
+        tail_lo = gl.minimum(gl.maximum(gl.load(cu_ptr + G - 1), 0), NUM_ROWS)
+        zeros = gl.zeros([BLOCK_M, BLOCK_N], o_desc.dtype, zl)
+        first = (pid - real_items % num_progs + num_progs) % num_progs
+        for j in range(first + PARITY * num_progs, tail_items, CONSUMERS * num_progs):
+            rows = tail_lo + (j // n_tiles) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, zl))
+            cols = (j % n_tiles) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zl))
+            mask = (rows < NUM_ROWS)[:, None] & (cols < N)[None, :]
+            gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], zeros, mask=mask)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS, N, K, stride_om,
+                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                            STAGES: gl.constexpr, BLOCK_G: gl.constexpr, GROUP_MAJOR: gl.constexpr,
+                            ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
+                            PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    # Totals from a vector scan of cu_seqlens (every partition gets them as scalars).
+    scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    real_tiles = 0
+    for c in range(0, G, BLOCK_G):
+        offs = c + gl.arange(0, BLOCK_G, layout=scan_layout)
+        ends = gl.load(cu_ptr + offs, mask=offs < G, other=0)
+        starts = gl.load(cu_ptr + offs - 1, mask=(offs > 0) & (offs < G), other=0)
+        real_tiles += gl.sum((gl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M, 0)
+    live_end = gl.minimum(gl.maximum(gl.load(cu_ptr + G - 1), 0), NUM_ROWS)
+    n_tiles = gl.cdiv(N, BLOCK_N)
+    real_items = real_tiles * n_tiles
+    tail_items = gl.cdiv(NUM_ROWS - live_end, BLOCK_M) * n_tiles
+
+    CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    if FUSED:
+        u_bufs = gl.allocate_shared_memory(u_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], u_desc.layout)
+    else:
+        u_bufs = w_bufs  # unused
+    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, BLOCK_M, BLOCK_N], o_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+
+    # (Argument lists written out: constexprs inside a tuple variable reach a partition as tensors.)
+    if PINGPONG:
+        gl.warp_specialize([
+            (_consumer, (a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
+                         NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
+                         STAGES, GROUP_MAJOR, ZERO_TAIL, FUSED, HAS_WEIGHTS,
+                         0, 2, num_warps)),
+            (_consumer, (a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
+                         NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
+                         STAGES, GROUP_MAJOR, ZERO_TAIL, FUSED, HAS_WEIGHTS,
+                         1, 2, num_warps)),
+            (_producer, (a_desc, w_desc, u_desc, a_bufs, w_bufs, u_bufs, ready, empty, cu_ptr, G, N, K, real_items,
+                         n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED)),
+        ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
+                         NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
+                         STAGES, GROUP_MAJOR, ZERO_TAIL, FUSED, HAS_WEIGHTS,
+                         0, 1, num_warps)),
+            (_producer, (a_desc, w_desc, u_desc, a_bufs, w_bufs, u_bufs, ready, empty, cu_ptr, G, N, K, real_items,
+                         n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED)),
+        ], [1], [PRODUCER_REGS])
+
+
+def descriptors(a, w, u, out, block_m: int, block_n: int, block_k: int):
+    """Gluon TMA descriptors: ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]`` matrix, ``out [NvS, N]``."""
+    g, n, k = w.shape
+    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
+    a_l = gl.NVMMASharedLayout.get_default_for([block_m, block_k], dt)
+    w_l = gl.NVMMASharedLayout.get_default_for([block_n, block_k], dt)
+    o_l = gl.NVMMASharedLayout.get_default_for([block_m, block_n], dt)
+    return (TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k], a_l),
+            TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [block_n, block_k], w_l),
+            TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [block_n, block_k], w_l),
+            TensorDescriptor(out, list(out.shape), list(out.stride()), [block_m, block_n], o_l))
+
+
+def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, zero_tail: bool, descs) -> dict:
+    """Every kernel argument by name (unused pointers point at ``a``)."""
+    g, n, k = w.shape
+    return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], out_ptr=out,
+                rw_ptr=a if route_weights is None else route_weights, cu_ptr=cu_seqlens, G=g,
+                NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
+                BLOCK_G=max(16, min(1024, triton.next_power_of_2(g))), GROUP_MAJOR=cfg.group_major,
+                ZERO_TAIL=zero_tail, FUSED=w_up is not None, HAS_WEIGHTS=route_weights is not None,
+                PINGPONG=cfg.pingpong,
+                PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
+                num_warps=4 if cfg.pingpong else 8)
+
+
+def _fast_descriptor(base, shape, strides, block_shape, layout):
+    """A Gluon TensorDescriptor without ``__post_init__``'s checks (the plan's first launch ran them)."""
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block_shape, layout=layout,
+                         padding="zero")
+    return desc
+
+
+_PLANS: dict = {}
+
+
+def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail: bool = True) -> bool:
+    """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
+    SwiGLU GEMM. ``choose(a, w, w_up, out) -> GluonConfig | None`` (None: these operands are not
+    for this kernel, e.g. TMA cannot address them) runs once per static signature; returns
+    whether the kernel ran (or had nothing to do). The first call per signature compiles and
+    launches through Triton's JIT and keeps the compiled kernel; later calls launch it directly
+    (:mod:`.fast_launch`), with descriptors rebuilt from the cached geometry."""
+    if a.shape[0] == 0 or w.shape[1] == 0:
+        return True
+    u = w if w_up is None else w_up
+    rw = a if route_weights is None else route_weights
+    key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), out.stride(), a.dtype, a.device, w_up is None,
+           route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16, rw.data_ptr() % 16,
+           out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, zero_tail)
+    entry = _PLANS.get(key)
+    if entry is False:
+        return False
+    if entry is None:
+        cfg = choose(a, w, w_up, out)
+        if cfg is None:
+            _PLANS[key] = False
+            return False
+        descs = descriptors(a, w, u, out, cfg.block_m, cfg.block_n, cfg.block_k)
+        kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs)
+        grid = (max(1, min(_num_programs(a.device), num_items_bound(a.shape[0], w.shape[0], w.shape[1], cfg))), )
+        kernel = _ws_grouped_gemm_kernel[grid](**kwargs)
+        if fast_launch.ENABLED and hasattr(kernel, "run"):
+            geos = [(list(d.shape), list(d.strides), list(d.block_shape), d.layout) for d in descs]
+            names = _ws_grouped_gemm_kernel.arg_names
+            _PLANS[key] = (kernel, grid, geos, [kwargs[name] for name in names[12:]])
+        return True
+    kernel, grid, geos, constexprs = entry
+    descs = [_fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out), geos)]
+    fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, *_runtime_ints(a, w, out),
+                                               *constexprs])
+    return True
+
+
+def _runtime_ints(a, w, out):
+    g, n, k = w.shape
+    return g, a.shape[0], n, k, out.stride(0)
+
+
+def num_items_bound(num_rows: int, num_groups: int, n: int, cfg: GluonConfig) -> int:
+    """Static upper bound on the work items (as the Triton kernel's ``num_row_tiles``)."""
+    return (triton.cdiv(num_rows, cfg.block_m) + min(num_groups, num_rows)) * triton.cdiv(n, cfg.block_n)
+
+
+def _num_programs(device: torch.device) -> int:
+    """About one program per SM (4 for CPU tensors: the ahead-of-time compile check)."""
+    if device.type != "cuda":
+        return 4
+    return triton_grouped_gemm._num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=None, zero_tail=True, **cfg):
+    """Launch with an explicit config (probes, tests): ``cfg`` are :class:`GluonConfig` fields."""
+    config = GluonConfig(**cfg)
+    u = w if w_up is None else w_up
+    descs = descriptors(a, w, u, out, config.block_m, config.block_n, config.block_k)
+    kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs)
+    return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs)

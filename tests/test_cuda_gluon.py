@@ -1,0 +1,111 @@
+"""The warp-specialized Gluon kernels (sm90), every config shape forced, not only the ones the
+config table picks for a problem: ping-pong and cooperative consumers, 64/128/256-column tiles,
+both item orders, the plain and the fused GEMM, with and without route weights, with and without
+the tail's zeros. Outputs are poisoned with NaN first and compared to float64 references.
+
+The public ops reach these kernels through ``configs.gluon_gemm_config`` (the rest of the CUDA
+suite covers that path: capture, sync-free checks, bad input); ``MOONEP_OPS_GLUON=0`` runs the
+same suite on the Triton kernels. Which GEMM goes where is pinned on CPU in test_launch_roles.py.
+"""
+
+import pytest
+import torch
+
+from moonep_ops.kernels import configs, cuda
+from .layouts import Layout, _padded, experts_inputs, grouped_gemm_inputs
+from .reference import TOLERANCE, grouped_gemm_ref, grouped_gemm_silu_mul_ref, rel_err
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not SM90, reason="the Gluon kernels need an sm90 GPU"),
+              pytest.mark.skipif(SM90 and not cuda._gluon_importable(), reason="this Triton has no usable Gluon")]
+
+PLAIN = {
+    "pingpong_n128_s5": dict(stages=5),
+    "pingpong_rows": dict(stages=4, group_major=False),
+    "coop_n128_s6": dict(pingpong=False, stages=6),
+    "coop_n256_s3": dict(pingpong=False, block_n=256, stages=3),
+}
+FUSED = {
+    "pingpong_n64_s6": dict(block_n=64, stages=6),
+    "coop_n128_s4": dict(pingpong=False, stages=4),
+    "coop_n128_rows": dict(pingpong=False, stages=4, group_major=False),
+}
+# TMA needs 16-byte row strides: K and N multiples of 8. Partial tiles (segments not multiples of
+# 128), empty groups, a tail, N and K not multiples of the blocks, G > 1024 (the chunked scan), a
+# reduction longer than the stage ring (the ring wraps inside a tile), and a MoonEP-like layout.
+GLUON_LAYOUTS = [
+    Layout("skewed", (3072, *([128] * 12), 0, 7), 3072 + 12 * 128 + 7 + 61, k=1024, n=520),
+    Layout("odd", (5, 0, 130, 1, 255, 0), 500, k=200, n=72),
+    Layout("g1100", tuple((i % 3) * 16 for i in range(1100)), 1100 * 16 + 5, k=256, n=128),
+    _padded("moonep_padded", (100, 0, 3, 130, 0, 0, 250), 128, extra_tail=300, k=2048, n=384),
+    Layout("all_empty", (0, 0, 0), 300, k=64, n=64),
+]
+
+
+def _launch(a, w, cu, out, w_up=None, rw=None, zero_tail=True, **cfg):
+    from moonep_ops.kernels import gluon_grouped_gemm
+
+    gluon_grouped_gemm.launch(a, w, cu, out, 132, w_up=w_up, route_weights=rw, zero_tail=zero_tail, **cfg)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("layout", GLUON_LAYOUTS, ids=str)
+@pytest.mark.parametrize("cfg", PLAIN.values(), ids=PLAIN.keys())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_plain(layout, cfg, dtype):
+    a, w, cu = grouped_gemm_inputs(layout, dtype, "cuda")
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype, device="cuda")
+    _launch(a, w, cu, out, **cfg)
+    assert rel_err(out[:layout.total], grouped_gemm_ref(a, w, cu)[:layout.total]) <= TOLERANCE[dtype]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+
+
+@pytest.mark.parametrize("layout", GLUON_LAYOUTS, ids=str)
+@pytest.mark.parametrize("cfg", FUSED.values(), ids=FUSED.keys())
+@pytest.mark.parametrize("with_weights", [True, False], ids=["rw", "no_rw"])
+def test_fused(layout, cfg, with_weights):
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda", with_weights=with_weights)
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _launch(x, w_gate, cu, out, w_up=w_up, rw=rw, zero_tail=False, **cfg)
+    ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
+    assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    assert torch.isnan(out[layout.total:]).all(), "zero_tail=False must leave the tail unwritten"
+
+
+def test_invalid_cu_seqlens_do_not_fault():
+    """Non-monotone ends past NvS: unspecified values, but no fault and no write out of bounds."""
+    layout = Layout("bad", (64, 64, 64), 256, k=128, n=128)
+    a, w, _ = grouped_gemm_inputs(layout, torch.bfloat16, "cuda")
+    big = torch.full((512, 128), 7.0, dtype=torch.bfloat16, device="cuda")
+    out = big[:256]
+    for ends in ([100, 50, 400], [-5, 300, 200], [0, 0, 1 << 24]):
+        cu = torch.tensor(ends, dtype=torch.int32, device="cuda")
+        for cfg in PLAIN.values():
+            _launch(a, w, cu, out, **cfg)
+    assert torch.equal(big[256:], torch.full_like(big[256:], 7.0)), "a write past NvS"
+
+
+def test_config_table_picks_each_consumer_scheme():
+    """The table's choices on the BASELINE shapes (benchmarks/results/probe_gluon_h200.json)."""
+    pick = configs.gluon_gemm_config
+    assert not pick(2048, 7168, 45056, fused=True).pingpong  # kimi-k2 prefill gate/up
+    assert not pick(2048, 7168, 45056, fused=True).group_major
+    assert pick(768, 2048, 48896, fused=True).pingpong  # qwen3 gate/up
+    assert pick(7168, 2048, 45056, fused=False).pingpong  # kimi-k2 prefill down
+    assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
+    assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
+
+
+def test_public_ops_same_tensor_for_gate_and_up_and_empty_reduction():
+    """Edges of the routing to these kernels: ``w_up is w_gate`` is still the fused GEMM, and an
+    empty reduction (K = 0, which TMA cannot describe) takes the Triton kernel: zeros."""
+    import moonep_ops
+
+    layout = Layout("edge", (130, 0, 70), 256, k=64, n=64)
+    x, w_gate, _, _, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    out = moonep_ops.grouped_gemm_silu_mul(x, w_gate, w_gate, rw, cu)
+    ref = grouped_gemm_silu_mul_ref(x, w_gate, w_gate, rw, cu)
+    assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    empty = moonep_ops.grouped_gemm(x[:, :0], w_gate[:, :, :0], cu)
+    assert torch.equal(empty, torch.zeros_like(empty))
