@@ -1,0 +1,132 @@
+"""A/B of the Gluon warp-specialized kernels (:mod:`moonep_ops.kernels.gluon_grouped_gemm`) against
+the committed Triton kernel on the six BASELINE shapes (issue 6), per GEMM and for the whole path.
+
+Per shape: the fused gate/up GEMM (``act``'s tail left unwritten, as in the ``experts`` op) with the
+committed Triton config and each ``FUSED`` Gluon config, checked against the Triton output on the
+live rows; the down GEMM (``out`` poisoned with NaN first) with the Triton config and each ``DOWN``
+Gluon config, checked against a float64 reference and for zeros in the tail; then whole paths: the
+``experts`` op as committed, the fastest Gluon fused + Gluon down, and Triton fused + Gluon down.
+All timed as CUDA graphs, interleaved (:func:`benchmarks.probe.time_interleaved`).
+Results: ``benchmarks/results/probe_gluon_h200*.json``.
+
+Usage: python -m benchmarks.probe_gluon [--shapes 0,1,2,3,4,5] [--paddings 128,1] [--out f.json]
+"""
+
+import argparse
+import json
+
+import torch
+
+import moonep_ops
+
+from moonep_ops.kernels import gluon_grouped_gemm as gg
+from moonep_ops.kernels.triton_grouped_gemm import _num_sms, launch_grouped_gemm, launch_grouped_gemm_silu_mul
+
+from .probe import committed, time_interleaved
+from .run import environment
+from .shapes import SHAPES, build_problem
+
+DOWN = {
+    "pp_s5": dict(stages=5),
+    "coop_n128_s6": dict(pingpong=False, stages=6),
+}
+FUSED = {
+    "pp_n64_s6": dict(block_n=64, stages=6),
+    "pp_n64_s5": dict(block_n=64, stages=5),
+    "coop_n128_s4": dict(pingpong=False, stages=4),
+    "coop_n128_s4_rows": dict(pingpong=False, stages=4, group_major=False),
+}
+
+
+def reference(act, wd, sizes):
+    out, lo = [], 0
+    for g, n in enumerate(sizes):
+        if n:
+            out.append(act[lo:lo + n].double() @ wd[g].double().T)
+        lo += n
+    return torch.cat(out)
+
+
+def _check_and_time(fns, dst, live, ref, args, row, role):
+    ok = {}
+    for name, fn in fns.items():
+        try:
+            dst.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = dst[:live].double().clone()
+            err = float((dst[:live].double() - ref).norm() / ref.norm())
+            tail_ok = bool((dst[live:] == 0).all()) if role == "down" else True
+            row["errors"][f"{role}:{name}"] = {"rel_err": err, "tail_zero": tail_ok}
+            print(f"  {role:<5} {name:<20} rel err {err:.2e} tail zero {tail_ok}", flush=True)
+            if err <= 1e-2 and tail_ok:
+                ok[name] = fn
+        except Exception as exc:  # the failure is the finding
+            row["errors"][f"{role}:{name}"] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+            print(f"  {role:<5} {name:<20} ERROR {str(exc)[:300]}", flush=True)
+    timed = time_interleaved(ok, args.rounds, args.reps) if args.time else {}
+    for name, r in timed.items():
+        row["timings"][f"{role}:{name}"] = r
+        print(f"  {role:<5} {name:<20} {r['us']:8.1f} us  rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}",
+              flush=True)
+    return timed
+
+
+def probe_shape(shape, padding, args) -> dict:
+    x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
+    nvs, live = x.shape[0], sum(sizes)
+    act = torch.full((nvs, shape.inter), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(nvs, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    sms = _num_sms(torch.cuda.current_device())
+    cfg_f, cfg_d = committed("fused", shape, nvs), committed("down", shape, nvs)
+    row = {"shape": shape.name, "padding": padding, "nvs": nvs, "live": live, "errors": {}, "timings": {}}
+    print(f"{shape.name} pad={padding}: NvS {nvs}, live rows {live}", flush=True)
+
+    def g_fused(kw):
+        return lambda: gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, **kw)
+
+    def g_down(kw):
+        return lambda: gg.launch(act, wd, cu, out, sms, **kw)
+
+    t_fused = lambda: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, act, cfg_f, True, zero_tail=False)  # noqa: E731
+    t_down = lambda: launch_grouped_gemm(act, wd, cu, out, cfg_d, True)  # noqa: E731
+    fused = _check_and_time({"triton": t_fused, **{n: g_fused(kw) for n, kw in FUSED.items()}}, act, live, None,
+                            args, row, "fused")
+    t_fused()
+    down = _check_and_time({"triton": t_down, **{n: g_down(kw) for n, kw in DOWN.items()}}, out, live,
+                           reference(act, wd, sizes), args, row, "down")
+    if args.time and fused and down:
+        bf = min((n for n in fused if n != "triton"), key=lambda n: fused[n]["us"])
+        bd = min((n for n in down if n != "triton"), key=lambda n: down[n]["us"])
+        paths = {
+            "experts_op": lambda: moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out),
+            f"gluon:{bf}+{bd}": lambda: (g_fused(FUSED[bf])(), g_down(DOWN[bd])()),
+            f"triton+gluon:{bd}": lambda: (t_fused(), g_down(DOWN[bd])()),
+        }
+        _check_and_time(paths, out, live, None, args, row, "path")
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="0,1,2,3,4,5")
+    parser.add_argument("--paddings", default="128")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--no-time", dest="time", action="store_false")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    results = []
+    for padding in [int(p) for p in args.paddings.split(",")]:
+        for idx in [int(i) for i in args.shapes.split(",")]:
+            results.append(probe_shape(SHAPES[idx], padding, args))
+            torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": environment(), "method": __doc__, "down": DOWN, "fused": FUSED, "results": results}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
