@@ -111,6 +111,20 @@ def _fmt_s(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
 
 
+def _kernel_path(device: torch.device, dtype: torch.dtype, cap=None) -> str:
+    """Which forward kernels this device and dtype take (where the operands allow TMA)."""
+    if device.type != "cuda":
+        return "CPU kernels (per-segment torch.mm)"
+    from moonep_ops.kernels import cuda
+
+    cap = cap or torch.cuda.get_device_capability(device)
+    if cuda._gluon_wanted(cap, dtype):
+        return "forward GEMMs on the warp-specialized Gluon kernels (MOONEP_OPS_GLUON=0: the Triton ones)"
+    if cuda.hopper_tma(cap, dtype):
+        return "Triton kernels with TMA loads" + ("" if cuda.pdl_allowed() else ", no PDL")
+    return "portable Triton kernels"
+
+
 def _versions(device: torch.device) -> list:
     try:
         import triton
@@ -199,6 +213,7 @@ def check(args) -> int:
         f"problem     NvS={x.shape[0]} H={x.shape[1]} I={w_gate.shape[1]} G={g} {dtype}, "
         f"rows in segments {end} (real {sum(REAL_ROWS)}, padded to {TOKEN_PADDING}), "
         f"{sum(1 for r in REAL_ROWS if r == 0)} empty groups, NaN tail of {x.shape[0] - end} rows",
+        f"kernels     {_kernel_path(device, dtype)}",
         f"eager       {eager_report}",
         f"compiled    {compiled_report}; backend {backend}, first call {first_call_s:.2f} s"
         + (f"\n            note: {note}" if note else ""),

@@ -120,3 +120,19 @@ def test_gluon_usable_reads_metadata_only(monkeypatch):
     monkeypatch.setenv("MOONEP_OPS_GLUON", "1")
     monkeypatch.setenv("MOONEP_OPS_PORTABLE", "1")
     assert not cuda._gluon_usable((9, 0), a, out, w)
+
+
+def test_self_check_names_the_kernel_path(monkeypatch):
+    """``python -m moonep_ops`` reports which forward kernels the device takes."""
+    from moonep_ops.__main__ import _kernel_path
+
+    for var in ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE", "MOONEP_OPS_NO_PDL"):
+        monkeypatch.delenv(var, raising=False)
+    gpu = torch.device("cuda")
+    assert _kernel_path(torch.device("cpu"), torch.float32).startswith("CPU kernels")
+    assert _kernel_path(gpu, torch.bfloat16, (8, 0)) == "portable Triton kernels"
+    assert _kernel_path(gpu, torch.float32, (9, 0)) == "portable Triton kernels"
+    if cuda._gluon_importable():
+        assert "Gluon" in _kernel_path(gpu, torch.bfloat16, (9, 0))
+    monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
+    assert _kernel_path(gpu, torch.bfloat16, (9, 0)) == "Triton kernels with TMA loads"
