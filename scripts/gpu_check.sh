@@ -3,6 +3,7 @@
 # same GPU), the long fuzz profile, compute-sanitizer, and the benchmarks.
 # Usage on the GPU machine, from the repo root:  bash scripts/gpu_check.sh [STEP...]
 #   tests:    pytest -m cuda over tests/ and compile_tests/ (fuzzing excluded), 8 xdist workers
+#   unit, compile: the same, tests/ only and compile_tests/ only (one device call each; only when named)
 #   triton:   the cuda tests again with MOONEP_OPS_GLUON=0 (the Triton kernels on Hopper)
 #   portable: the cuda tests again with MOONEP_OPS_PORTABLE=1 (the sm80 path)
 #   fuzz:     the CUDA fuzz, long profile: FUZZ_EXAMPLES per op (default 2000) in FUZZ_SHARDS
@@ -64,6 +65,14 @@ fi
 K_ARGS=(${PYTEST_K:+-k "$PYTEST_K"})
 if want tests; then
   run_pytest cuda -m cuda $TIMEOUT_ARGS "${K_ARGS[@]}" --ignore=tests/test_fuzz.py tests compile_tests
+fi
+# The same suite in two halves, one device call each (the whole of it ran past 10 minutes on the
+# H200 once the Gluon tests came in: tenth session).
+if [[ "$steps" == *" unit "* ]]; then
+  run_pytest cuda_unit -m cuda $TIMEOUT_ARGS "${K_ARGS[@]}" --ignore=tests/test_fuzz.py tests
+fi
+if [[ "$steps" == *" compile "* ]]; then
+  run_pytest cuda_compile -m cuda $TIMEOUT_ARGS "${K_ARGS[@]}" compile_tests
 fi
 if want triton; then
   # The Triton kernels on Hopper (MOONEP_OPS_GLUON=0: no warp-specialized Gluon kernels).
