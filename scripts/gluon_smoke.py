@@ -7,6 +7,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from moonep_ops.kernels import gluon_grouped_gemm as gg  # noqa: E402
+from tests.reference import grouped_gemm_ref, grouped_gemm_silu_mul_ref, rel_err  # noqa: E402
 
 kw = eval("dict(" + (sys.argv[1] if len(sys.argv) > 1 else "") + ")")
 rows, k, n, g = (int(v) for v in (sys.argv[2:6] or (1024, 256, 512, 6)))
@@ -20,13 +21,7 @@ rw = torch.rand(rows, device="cuda") if u is not None else None
 out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
 gg.launch(a, w, cu, out, 4, w_up=u, route_weights=rw, **kw)
 torch.cuda.synchronize()
-ref, lo = [], 0
-for i, s in enumerate(sizes.tolist()):
-    r = a[lo:lo + s].double() @ w[i].double().T
-    if u is not None:
-        r = torch.nn.functional.silu(r) * (a[lo:lo + s].double() @ u[i].double().T) * rw[lo:lo + s, None].double()
-    ref.append(r)
-    lo += s
-ref = torch.cat(ref)
-err = float((out[:lo].double() - ref).norm() / ref.norm())
+ref = (grouped_gemm_ref(a, w, cu) if u is None else grouped_gemm_silu_mul_ref(a, w, u, rw, cu))
+lo = int(sizes.sum())
+err = rel_err(out[:lo], ref[:lo])
 print(kw, "rel err", err, "tail zero", bool((out[lo:] == 0).all()))

@@ -322,12 +322,14 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
             return False
         descs = descriptors(a, w, u, out, cfg.block_m, cfg.block_n, cfg.block_k)
         kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs)
-        grid = (max(1, min(_num_programs(a.device), num_items_bound(a.shape[0], w.shape[0], w.shape[1], cfg))), )
+        items = triton_grouped_gemm.num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1],
+                                                                                                   cfg.block_n)
+        grid = (max(1, min(_num_programs(a.device), items)), )
         kernel = _ws_grouped_gemm_kernel[grid](**kwargs)
         if fast_launch.ENABLED and hasattr(kernel, "run"):
             geos = [(list(d.shape), list(d.strides), list(d.block_shape), d.layout) for d in descs]
-            names = _ws_grouped_gemm_kernel.arg_names
-            _PLANS[key] = (kernel, grid, geos, [kwargs[name] for name in names[12:]])
+            names = _ws_grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
+            _PLANS[key] = (kernel, grid, geos, [kwargs[name] for name in names[names.index("BLOCK_M"):]])
         return True
     kernel, grid, geos, constexprs = entry
     descs = [_fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out), geos)]
@@ -339,11 +341,6 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
 def _runtime_ints(a, w, out):
     g, n, k = w.shape
     return g, a.shape[0], n, k, out.stride(0)
-
-
-def num_items_bound(num_rows: int, num_groups: int, n: int, cfg: GluonConfig) -> int:
-    """Static upper bound on the work items (as the Triton kernel's ``num_row_tiles``)."""
-    return (triton.cdiv(num_rows, cfg.block_m) + min(num_groups, num_rows)) * triton.cdiv(n, cfg.block_n)
 
 
 def _num_programs(device: torch.device) -> int:
