@@ -9,16 +9,26 @@ Gluon config, checked against a float64 reference and for zeros in the tail; the
 All timed as CUDA graphs, interleaved (:func:`benchmarks.probe.time_interleaved`).
 Results: ``benchmarks/results/probe_gluon_h200*.json``.
 
-Usage: python -m benchmarks.probe_gluon [--shapes 0,1,2,3,4,5] [--paddings 128,1] [--out f.json]
+``--ab tail_pdl`` (eleventh session) instead compares, with the committed Gluon configs: the down
+GEMM with its tail zeroed by the producer warp (spread over its loads) or by the consumers after
+their real items; and the whole ``experts`` op with and without programmatic dependent launch
+(``MOONEP_OPS_NO_PDL``), against the explicit pair as the tenth session ran it (no PDL, tail by
+the consumers).
+
+Usage: python -m benchmarks.probe_gluon [--shapes 0,1,2,3,4,5] [--paddings 128,1] [--ab tail_pdl] [--out f.json]
 """
 
 import argparse
+import contextlib
+import dataclasses
 import json
+import os
 
 import torch
 
 import moonep_ops
 
+from moonep_ops.kernels import configs
 from moonep_ops.kernels import gluon_grouped_gemm as gg
 from moonep_ops.kernels.triton_grouped_gemm import _num_sms, launch_grouped_gemm, launch_grouped_gemm_silu_mul
 
@@ -57,7 +67,7 @@ def _check_and_time(fns, dst, live, ref, args, row, role):
             if ref is None:
                 ref = dst[:live].double().clone()
             err = float((dst[:live].double() - ref).norm() / ref.norm())
-            tail_ok = bool((dst[live:] == 0).all()) if role == "down" else True
+            tail_ok = bool((dst[live:] == 0).all()) if role in ("down", "path") else True
             row["errors"][f"{role}:{name}"] = {"rel_err": err, "tail_zero": tail_ok}
             print(f"  {role:<5} {name:<20} rel err {err:.2e} tail zero {tail_ok}", flush=True)
             if err <= 1e-2 and tail_ok:
@@ -108,6 +118,53 @@ def probe_shape(shape, padding, args) -> dict:
     return row
 
 
+@contextlib.contextmanager
+def _env(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = old
+
+
+def probe_tail_pdl(shape, padding, args) -> dict:
+    x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
+    nvs, live = x.shape[0], sum(sizes)
+    act = torch.full((nvs, shape.inter), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(nvs, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    sms = _num_sms(torch.cuda.current_device())
+    cf = dataclasses.asdict(configs.gluon_gemm_config(shape.inter, shape.hidden, nvs, fused=True))
+    cd = dataclasses.asdict(configs.gluon_gemm_config(shape.hidden, shape.inter, nvs, fused=False))
+    row = {"shape": shape.name, "padding": padding, "nvs": nvs, "live": live, "errors": {}, "timings": {},
+           "fused_config": cf, "down_config": cd}
+    print(f"{shape.name} pad={padding}: NvS {nvs}, live rows {live}", flush=True)
+    gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, **cf)
+    down = {
+        "tail_by_producer": lambda: gg.launch(act, wd, cu, out, sms, **{**cd, "tail_by_producer": True}),
+        "tail_by_consumers": lambda: gg.launch(act, wd, cu, out, sms, **{**cd, "tail_by_producer": False}),
+    }
+    ref = reference(act, wd, sizes)
+    _check_and_time(down, out, live, ref, args, row, "down")
+
+    def op(no_pdl):
+        def run():
+            with _env("MOONEP_OPS_NO_PDL", "1" if no_pdl else "0"):
+                moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out)
+        return run
+
+    def tenth():
+        gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, **{**cf, "tail_by_producer": False})
+        gg.launch(act, wd, cu, out, sms, **{**cd, "tail_by_producer": False})
+
+    paths = {"experts_op": op(False), "experts_op_no_pdl": op(True), "tenth_session_pair": tenth}
+    _check_and_time(paths, out, live, ref, args, row, "path")
+    return row
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="0,1,2,3,4,5")
@@ -115,12 +172,14 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--no-time", dest="time", action="store_false")
+    parser.add_argument("--ab", default="", choices=["", "tail_pdl"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    probe = probe_tail_pdl if args.ab == "tail_pdl" else probe_shape
     results = []
     for padding in [int(p) for p in args.paddings.split(",")]:
         for idx in [int(i) for i in args.shapes.split(",")]:
-            results.append(probe_shape(SHAPES[idx], padding, args))
+            results.append(probe(SHAPES[idx], padding, args))
             torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:

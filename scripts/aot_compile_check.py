@@ -94,7 +94,12 @@ class Compiler:
             compiled = triton.compile(source, target=self.target, options=options.__dict__)
             record.update(shared=compiled.metadata.shared, **_resource_usage(compiled.asm.get("cubin")))
         except Exception as exc:  # the failure is the finding
-            record["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+            if os.environ.get("AOT_TRACEBACK"):
+                import traceback
+                traceback.print_exc()
+            # The message, not the caret line under the source excerpt that closes a CompilationError.
+            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip(" ^")]
+            record["error"] = f"{type(exc).__name__}: {' | '.join(lines[-3:])[:400]}"
         record["compile_s"] = round(time.time() - start, 2)
         self.variants[key] = record
         return None  # no launch; the launchers' caches see no runnable kernel and keep nothing

@@ -25,6 +25,9 @@ PLAIN = {
     "pingpong_rows": dict(stages=4, group_major=False),
     "coop_n128_s6": dict(pingpong=False, stages=6),
     "coop_n256_s3": dict(pingpong=False, block_n=256, stages=3),
+    # The tail zeroed by the consumers after their items (the default: by the producer warp).
+    "pingpong_tail_by_consumers": dict(stages=5, tail_by_producer=False),
+    "coop_tail_by_consumers": dict(pingpong=False, stages=6, tail_by_producer=False),
 }
 FUSED = {
     "pingpong_n64_s6": dict(block_n=64, stages=6),
@@ -73,6 +76,18 @@ def test_fused(layout, cfg, with_weights):
     assert torch.isnan(out[layout.total:]).all(), "zero_tail=False must leave the tail unwritten"
 
 
+@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"]], ids=["pingpong", "coop"])
+def test_fused_zeroes_its_tail_when_asked(cfg):
+    """The fused GEMM's own tail (the ``grouped_gemm_silu_mul`` op zeroes it), by the producer."""
+    layout = GLUON_LAYOUTS[3]
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _launch(x, w_gate, cu, out, w_up=w_up, rw=rw, zero_tail=True, **cfg)
+    ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
+    assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+
+
 def test_invalid_cu_seqlens_do_not_fault():
     """Non-monotone ends past NvS: unspecified values, but no fault and no write out of bounds."""
     layout = Layout("bad", (64, 64, 64), 256, k=128, n=128)
@@ -95,6 +110,9 @@ def test_config_table_picks_each_consumer_scheme():
     assert pick(7168, 2048, 45056, fused=False).pingpong  # kimi-k2 prefill down
     assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
     assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
+    # The tail's zeros: by the producer warp on long reductions, by the consumers on short ones.
+    assert pick(7168, 2048, 13312, fused=False).tail_by_producer  # kimi-k2 decode down
+    assert not pick(2048, 768, 48896, fused=False).tail_by_producer  # qwen3 down
 
 
 def test_public_ops_same_tensor_for_gate_and_up_and_empty_reduction():

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import moonep_ops
+from moonep_ops.kernels import cuda
 from moonep_ops.kernels import triton_grouped_gemm as gemm
 from moonep_ops.kernels.cuda import _choose_fused, _choose_plain
 from .layouts import Layout, experts_inputs
@@ -28,24 +29,31 @@ MANY_GROUPS = Layout("pdl_g1100", tuple((i % 3) * 16 for i in range(1100)), 1100
                      padded_to=1)
 
 
-def _pair(x, w_gate, w_up, w_down, rw, cu, act, out, pdl=True):
+def _pair(x, w_gate, w_up, w_down, rw, cu, act, out, pdl=True, kernels="triton"):
+    """The pair on the Triton kernels, or (``kernels="ops"``) as the ops route it: on sm90 the
+    Gluon kernels, whose dependent down GEMM issues its first weight loads before the wait."""
     act.fill_(float("nan"))
+    if kernels == "ops":
+        cuda._run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, pdl="primary" if pdl else "")
+        cuda._run_plain(act, w_down, cu, out, pdl="dependent" if pdl else "")
+        return
     gemm.run_moe_gemm(x, w_gate, w_up, rw, cu, act, _choose_fused, False, zero_tail=False,
                       pdl="primary" if pdl else "")
     gemm.run_moe_gemm(act, w_down, None, None, cu, out, _choose_plain, False, pdl="dependent" if pdl else "")
 
 
+@pytest.mark.parametrize("kernels", ["triton", "ops"])
 @pytest.mark.parametrize("layout", [SKEWED, MANY_GROUPS], ids=lambda lay: lay.name)
-def test_dependent_down_gemm_waits_for_the_fused_gemm(layout):
+def test_dependent_down_gemm_waits_for_the_fused_gemm(layout, kernels):
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
     ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
     plain = torch.empty_like(out)
-    _pair(x, w_gate, w_up, w_down, rw, cu, act, plain, pdl=False)
+    _pair(x, w_gate, w_up, w_down, rw, cu, act, plain, pdl=False, kernels=kernels)
     for _ in range(20):  # a race shows up in some runs only: give it many chances
         out.fill_(float("nan"))
-        _pair(x, w_gate, w_up, w_down, rw, cu, act, out)
+        _pair(x, w_gate, w_up, w_down, rw, cu, act, out, kernels=kernels)
         torch.cuda.synchronize()
         assert not torch.isnan(out).any(), "the dependent GEMM read act before the fused GEMM wrote it"
         assert torch.equal(out, plain), "PDL changed the result"
@@ -53,13 +61,14 @@ def test_dependent_down_gemm_waits_for_the_fused_gemm(layout):
     assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
 
 
-def test_experts_pdl_graph_replay_with_poisoned_act():
+@pytest.mark.parametrize("kernels", ["triton", "ops"])
+def test_experts_pdl_graph_replay_with_poisoned_act(kernels):
     """In a CUDA graph (a programmatic edge between the two kernels), replayed with fresh routing."""
     layout = SKEWED
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
-    graph, _ = _capture(_pair, x, w_gate, w_up, w_down, rw, cu, act, out)
+    graph, _ = _capture(lambda *t: _pair(*t, kernels=kernels), x, w_gate, w_up, w_down, rw, cu, act, out)
     for seed in range(5):
         torch.manual_seed(seed)
         _copy_into((x, w_gate, w_up, w_down, cu, rw), experts_inputs(layout, torch.bfloat16, "cuda"))

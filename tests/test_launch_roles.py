@@ -56,11 +56,11 @@ def on_sm90(monkeypatch, recorded):
     monkeypatch.setattr(cuda, "capability_of", lambda t: (9, 0))
     gluon_calls = []
 
-    def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True):
+    def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True, pdl=""):
         cfg = choose(a, w, w_up, out)
         if cfg is None:
             return False
-        gluon_calls.append((w_up is not None, zero_tail, cfg))
+        gluon_calls.append((w_up is not None, zero_tail, pdl, cfg))
         return True
 
     monkeypatch.setattr(gluon_grouped_gemm, "run_gluon_gemm", run_gluon_gemm)
@@ -77,11 +77,32 @@ def _experts_bf16(h=64, i=32, g=3, nvs=20):
     cuda.experts_into(x, *ws, None, cu, torch.empty(nvs, h, dtype=torch.bfloat16))
 
 
-def test_experts_on_sm90_takes_the_gluon_kernels_without_pdl(on_sm90):
+def test_experts_on_sm90_takes_the_gluon_kernels_with_pdl(on_sm90):
     gluon_calls, triton_calls = on_sm90
     _experts_bf16()
-    assert [(fused, zero_tail) for fused, zero_tail, _ in gluon_calls] == [(True, False), (False, True)]
+    assert [call[:3] for call in gluon_calls] == [(True, False, "primary"), (False, True, "dependent")]
     assert triton_calls == []
+
+
+def test_gluon_pair_without_pdl(on_sm90, monkeypatch):
+    gluon_calls, _ = on_sm90
+    monkeypatch.setenv("MOONEP_OPS_NO_PDL", "1")
+    _experts_bf16()
+    assert [call[:3] for call in gluon_calls] == [(True, False, ""), (False, True, "")]
+
+
+def test_gluon_fused_then_triton_down_keeps_the_pdl_pair(on_sm90):
+    """``w_down`` rows TMA cannot address (72-byte row stride): the down GEMM takes the Triton
+    kernel, still as the dependent of the Gluon fused GEMM right before it."""
+    gluon_calls, triton_calls = on_sm90
+    g, h, i, nvs = 3, 64, 32, 20
+    x = torch.randn(nvs, h, dtype=torch.bfloat16)
+    cu = torch.tensor([5, 9, 14], dtype=torch.int32)
+    w_down = torch.randn(g, h, i + 4, dtype=torch.bfloat16)[:, :, :i]
+    cuda.experts_into(x, torch.randn(g, i, h, dtype=torch.bfloat16), torch.randn(g, i, h, dtype=torch.bfloat16),
+                      w_down, None, cu, torch.empty(nvs, h, dtype=torch.bfloat16))
+    assert [call[:3] for call in gluon_calls] == [(True, False, "primary")]
+    assert triton_calls == [(False, "dependent")]
 
 
 def test_gluon_switch_off_gives_the_triton_pair_with_pdl(on_sm90, monkeypatch):
@@ -136,3 +157,12 @@ def test_self_check_names_the_kernel_path(monkeypatch):
         assert "Gluon" in _kernel_path(gpu, torch.bfloat16, (9, 0))
     monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
     assert _kernel_path(gpu, torch.bfloat16, (9, 0)) == "Triton kernels with TMA loads"
+
+
+def test_empty_reduction_takes_no_tma():
+    """K = 0: a TMA descriptor needs every extent > 0 (the Triton kernel built one and failed
+    on the H200, eleventh session); the pointer path computes the zeros."""
+    a, w = torch.empty(256, 64, dtype=torch.bfloat16), torch.empty(2, 64, 64, dtype=torch.bfloat16)
+    assert triton_grouped_gemm.tma_usable(a, w)
+    assert not triton_grouped_gemm.tma_usable(a[:, :0], w[:, :, :0])
+    assert not cuda._use_tma((9, 0), a[:, :0], w[:, :, :0])

@@ -36,6 +36,7 @@ class GluonConfig:
     block_k: int = 64
     producer_regs: int = 40
     consumer_regs: int = 232
+    tail_by_producer: bool = True  # the producer warp zeroes the tail, spread over its loads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,14 +106,22 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     win where tiles are short or the problem is memory-bound; both warpgroups on one tile (128x128,
     64 rows each) on the long compute-bound fused GEMMs (kimi-k2 S=1024 and prefill) and on the
     down GEMMs with short reductions (K = I <= 2048 and not prefill-long).
+
+    The tail's zeros (benchmarks/results/probe_gluon_h200_tail_pdl.json): written by the producer
+    warp between its loads where the reduction is long (K >= 2048: kimi-k2 decode's down GEMM,
+    half of whose rows are tail, -2.6%), by the consumers after their items where it is short
+    (qwen3's K = 768: the producer's small stores were +2.5% there).
     """
+    tail_by_producer = k >= 2048
     if fused:
         if k >= 4096 and num_rows >= 8192:
-            return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768)
-        return GluonConfig(block_n=64, stages=6)  # two accumulators of 64 columns per warpgroup
+            return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768,
+                               tail_by_producer=tail_by_producer)
+        # two accumulators of 64 columns per warpgroup
+        return GluonConfig(block_n=64, stages=6, tail_by_producer=tail_by_producer)
     if k >= 8192 or (num_rows >= 32768 and k >= 2048):
-        return GluonConfig(block_n=128, stages=5)
-    return GluonConfig(block_n=128, stages=6, pingpong=False)
+        return GluonConfig(block_n=128, stages=5, tail_by_producer=tail_by_producer)
+    return GluonConfig(block_n=128, stages=6, pingpong=False, tail_by_producer=tail_by_producer)
 
 
 def eltwise_config(cols: int, capability: tuple[int, int] | None) -> EltwiseConfig:

@@ -126,7 +126,7 @@ def _dense(t):
 def _run_plain(a, w, cu, out, pdl: str = "") -> bool:
     """The plain GEMM on the Gluon kernel when it applies (True), else on the Triton kernel."""
     if _gluon_wanted(capability_of(a), a.dtype) and _gluon_module().run_gluon_gemm(a, w, None, None, cu, out,
-                                                                                   _gluon_plain):
+                                                                                   _gluon_plain, pdl=pdl):
         return True
     from .triton_grouped_gemm import run_moe_gemm
 
@@ -136,7 +136,7 @@ def _run_plain(a, w, cu, out, pdl: str = "") -> bool:
 
 def _run_fused(x, w_gate, w_up, route_weights, cu, out, zero_tail: bool = True, pdl: str = "") -> bool:
     if _gluon_wanted(capability_of(x), x.dtype) and _gluon_module().run_gluon_gemm(
-            x, w_gate, w_up, route_weights, cu, out, _gluon_fused, zero_tail=zero_tail):
+            x, w_gate, w_up, route_weights, cu, out, _gluon_fused, zero_tail=zero_tail, pdl=pdl):
         return True
     from .triton_grouped_gemm import run_moe_gemm
 
@@ -165,14 +165,13 @@ def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> Non
     rows are left unwritten: the down GEMM never reads rows past ``cu_seqlens[-1]``."""
     cu = _dense(cu_seqlens)
     act = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
-    # With the Triton kernels on Hopper, the down GEMM is launched as a programmatic dependent of
-    # the fused one: its programs start as the fused kernel's finish. Only when the fused kernel
-    # is a Triton one and does launch (I > 0), so that it is the kernel right before it. (The
-    # Gluon kernels, when they apply, run plainly one after the other.)
+    # On Hopper the down GEMM (Gluon or Triton) is launched as a programmatic dependent of the
+    # fused one (Gluon or Triton): its programs start as the fused kernel's finish, issue their
+    # first weight loads and wait for ``act``. Only when the fused kernel does launch (I > 0), so
+    # that it is the kernel right before it (NvS = 0 launches neither).
     pdl = pdl_allowed() and w_gate.shape[1] > 0
-    fused_on_gluon = _run_fused(x, w_gate, w_up, _dense(route_weights), cu, act, zero_tail=False,
-                                pdl="primary" if pdl else "")
-    _run_plain(act, w_down, cu, out, pdl="dependent" if pdl and not fused_on_gluon else "")
+    _run_fused(x, w_gate, w_up, _dense(route_weights), cu, act, zero_tail=False, pdl="primary" if pdl else "")
+    _run_plain(act, w_down, cu, out, pdl="dependent" if pdl else "")
 
 
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:

@@ -65,9 +65,39 @@ def _item_coords(item, n_tiles, excl, incl, start, BLOCK_M: gl.constexpr, GROUP_
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, u_desc, a_bufs, w_bufs, u_bufs, ready, empty, cu_ptr, G, N, K, real_items, n_tiles,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr):
+def _gdc_wait():
+    """``griddepcontrol.wait``: the prior kernel (this one launched as its programmatic dependent)
+    has finished and its memory is visible. A no-op without programmatic dependent launch."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    """``griddepcontrol.launch_dependents``: the next kernel, if a programmatic dependent, may launch."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _zero_chunk(z_desc, z_buf, c, tail_lo, n_tiles):
+    """Zero chunk ``c`` of the tail: ``ZROWS`` rows from ``tail_lo``, one column tile (TMA clips it
+    at NvS and N)."""
+    ZROWS: gl.constexpr = z_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = z_desc.block_type.shape[1]
+    tma.async_copy_shared_to_global(z_desc, [tail_lo + (c // n_tiles) * ZROWS, (c % n_tiles) * BLOCK_N], z_buf)
+
+
+@gluon.jit
+def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G, NUM_ROWS, N,
+              K, real_items, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
+              WAIT_PRIOR: gl.constexpr):
+    """TMA loads into the ring, item after item. With ``TAIL_BY_PRODUCER`` it also zeroes this
+    program's share of the tail rows, by TMA stores of a zeroed ``ZROWS x BLOCK_N`` buffer spread
+    evenly over its loads: the tail's writes overlap the GEMM instead of forming a write-only
+    phase at the end. With ``WAIT_PRIOR`` (launched as a programmatic dependent of the kernel that
+    writes ``a``) the first item's weight loads are issued before ``griddepcontrol.wait``, its
+    ``a`` loads after."""
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
     k_iters = gl.cdiv(K, BLOCK_K)
@@ -77,8 +107,33 @@ def _producer(a_desc, w_desc, u_desc, a_bufs, w_bufs, u_bufs, ready, empty, cu_p
     incl = 0
     start = 0
     end = 0
-    cnt = 0
     nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes * (2 if FUSED else 1)
+    pre = 0  # stages whose weight loads were issued before the wait
+    if WAIT_PRIOR:
+        if pid < real_items:
+            key0 = pid if GROUP_MAJOR else pid // n_tiles
+            g, excl, incl, start, end = _walk(cu_ptr, G, key0, scale, g, excl, incl, start, end, BLOCK_M)
+            row0, pid_n0 = _item_coords(pid, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
+            pre = gl.minimum(k_iters, STAGES)
+            for kk in range(pre):
+                mbarrier.expect(ready.index(kk), nbytes)
+                tma.async_copy_global_to_shared(w_desc, [g * N + pid_n0 * BLOCK_N, kk * BLOCK_K], ready.index(kk),
+                                                w_bufs.index(kk))
+                if FUSED:
+                    tma.async_copy_global_to_shared(u_desc, [g * N + pid_n0 * BLOCK_N, kk * BLOCK_K],
+                                                    ready.index(kk), u_bufs.index(kk))
+        _gdc_wait()
+    if TAIL_BY_PRODUCER:
+        ZROWS: gl.constexpr = z_desc.block_type.shape[0]
+        zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [1, 1], [1, 0])
+        z_buf.store(gl.zeros([ZROWS, BLOCK_N], z_desc.dtype, zl))
+        fence_async_shared()
+        tail_lo = gl.minimum(gl.maximum(gl.load(cu_ptr + G - 1), 0), NUM_ROWS)
+        z_total = gl.cdiv(NUM_ROWS - tail_lo, ZROWS) * n_tiles
+        z_mine = gl.cdiv(gl.maximum(z_total - pid, 0), num_progs)  # chunks pid, pid + num_progs, ...
+        stages_mine = gl.cdiv(gl.maximum(real_items - pid, 0), num_progs) * k_iters
+        z_done = 0
+    cnt = 0
     for item in range(pid, real_items, num_progs):
         key = item if GROUP_MAJOR else item // n_tiles
         g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
@@ -86,14 +141,25 @@ def _producer(a_desc, w_desc, u_desc, a_bufs, w_bufs, u_bufs, ready, empty, cu_p
         w_row = g * N + pid_n * BLOCK_N
         for kk in range(k_iters):
             s = cnt % STAGES
-            # mbarriers start with phase 1 complete: the first lap waits on parity 1 and passes.
-            mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), nbytes)
+            if cnt >= pre:
+                # mbarriers start with phase 1 complete: the first lap waits on parity 1 and passes.
+                mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), nbytes)
+                tma.async_copy_global_to_shared(w_desc, [w_row, kk * BLOCK_K], ready.index(s), w_bufs.index(s))
+                if FUSED:
+                    tma.async_copy_global_to_shared(u_desc, [w_row, kk * BLOCK_K], ready.index(s), u_bufs.index(s))
             tma.async_copy_global_to_shared(a_desc, [row_lo, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
-            tma.async_copy_global_to_shared(w_desc, [w_row, kk * BLOCK_K], ready.index(s), w_bufs.index(s))
-            if FUSED:
-                tma.async_copy_global_to_shared(u_desc, [w_row, kk * BLOCK_K], ready.index(s), u_bufs.index(s))
             cnt += 1
+            if TAIL_BY_PRODUCER:
+                z_target = ((cnt * z_mine.to(gl.int64)) // stages_mine).to(gl.int32)
+                while z_done < z_target:
+                    _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, tail_lo, n_tiles)
+                    z_done += 1
+    if TAIL_BY_PRODUCER:
+        while z_done < z_mine:  # all of it when this program has no real items
+            _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, tail_lo, n_tiles)
+            z_done += 1
+        tma.store_wait(0)
 
 
 @gluon.jit
@@ -128,6 +194,8 @@ def _consumer(a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_pt
     One consumer (``CONSUMERS == 1``, ``WARPS == 8``): both warpgroups share each tile, 64 rows
     each. Two (ping-pong, ``WARPS == 4`` each): a warpgroup owns a whole tile; the producer fills
     the ring in item order, so one warpgroup's main loop runs while the other one's epilogue does.
+    ``ZERO_TAIL`` here: the consumers zero the tail rows after their real items (the kernel's
+    ``TAIL_BY_PRODUCER`` gives that job to the producer instead).
     The main loops also take turns explicitly (``turn``): a consumer waits for the other one's
     main loop to end before waiting on its own first stage. Without that, a consumer could wait
     on a stage a whole lap of the ring ahead, and a parity wait cannot tell that lap from the
@@ -199,12 +267,17 @@ def _consumer(a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_pt
 
 
 @gluon.jit
-def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS, N, K, stride_om,
-                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS, N, K,
+                            stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                             STAGES: gl.constexpr, BLOCK_G: gl.constexpr, GROUP_MAJOR: gl.constexpr,
                             ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
                             PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                            CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                            CONSUMER_REGS: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
+                            LAUNCH_DEPENDENTS: gl.constexpr, WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
+    if LAUNCH_DEPENDENTS:
+        # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
+        # programs take the SMs this grid's programs leave and wait for this grid's memory.
+        _gdc_launch_dependents()
     # Totals from a vector scan of cu_seqlens (every partition gets them as scalars).
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     real_tiles = 0
@@ -219,6 +292,8 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, out_ptr, rw_ptr, cu_
     tail_items = gl.cdiv(NUM_ROWS - live_end, BLOCK_M) * n_tiles
 
     CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
+    CONSUMER_TAIL: gl.constexpr = ZERO_TAIL and not TAIL_BY_PRODUCER
+    PRODUCER_TAIL: gl.constexpr = ZERO_TAIL and TAIL_BY_PRODUCER
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     if FUSED:
@@ -226,6 +301,10 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, out_ptr, rw_ptr, cu_
     else:
         u_bufs = w_bufs  # unused
     o_bufs = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, BLOCK_M, BLOCK_N], o_desc.layout)
+    if PRODUCER_TAIL:
+        z_buf = gl.allocate_shared_memory(z_desc.dtype, z_desc.block_type.shape, z_desc.layout)
+    else:
+        z_buf = o_bufs.index(0)  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -240,43 +319,56 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, out_ptr, rw_ptr, cu_
         gl.warp_specialize([
             (_consumer, (a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
                          NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         STAGES, GROUP_MAJOR, ZERO_TAIL, FUSED, HAS_WEIGHTS,
+                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
                          0, 2, num_warps)),
             (_consumer, (a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
                          NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         STAGES, GROUP_MAJOR, ZERO_TAIL, FUSED, HAS_WEIGHTS,
+                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
                          1, 2, num_warps)),
-            (_producer, (a_desc, w_desc, u_desc, a_bufs, w_bufs, u_bufs, ready, empty, cu_ptr, G, N, K, real_items,
-                         n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED)),
+            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
+                         NUM_ROWS, N, K, real_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED,
+                         PRODUCER_TAIL, WAIT_PRIOR)),
         ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
                          NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         STAGES, GROUP_MAJOR, ZERO_TAIL, FUSED, HAS_WEIGHTS,
+                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
                          0, 1, num_warps)),
-            (_producer, (a_desc, w_desc, u_desc, a_bufs, w_bufs, u_bufs, ready, empty, cu_ptr, G, N, K, real_items,
-                         n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED)),
+            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
+                         NUM_ROWS, N, K, real_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED,
+                         PRODUCER_TAIL, WAIT_PRIOR)),
         ], [1], [PRODUCER_REGS])
 
 
+# Rows per TMA store of the producer's zero buffer (TAIL_BY_PRODUCER): small, because the ring
+# already takes nearly all of the shared memory (8 x 128 bf16 is 2 KiB).
+ZERO_ROWS = 8
+
+
 def descriptors(a, w, u, out, block_m: int, block_n: int, block_k: int):
-    """Gluon TMA descriptors: ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]`` matrix, ``out [NvS, N]``."""
+    """Gluon TMA descriptors: ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]`` matrix, ``out [NvS, N]``
+    by output tile, and ``out`` again by ``ZERO_ROWS x block_n`` chunk (the producer's tail zeroing)."""
     g, n, k = w.shape
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
     a_l = gl.NVMMASharedLayout.get_default_for([block_m, block_k], dt)
     w_l = gl.NVMMASharedLayout.get_default_for([block_n, block_k], dt)
     o_l = gl.NVMMASharedLayout.get_default_for([block_m, block_n], dt)
+    z_l = gl.NVMMASharedLayout.get_default_for([ZERO_ROWS, block_n], dt)
     return (TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k], a_l),
             TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [block_n, block_k], w_l),
             TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [block_n, block_k], w_l),
-            TensorDescriptor(out, list(out.shape), list(out.stride()), [block_m, block_n], o_l))
+            TensorDescriptor(out, list(out.shape), list(out.stride()), [block_m, block_n], o_l),
+            TensorDescriptor(out, list(out.shape), list(out.stride()), [ZERO_ROWS, block_n], z_l))
 
 
-def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, zero_tail: bool, descs) -> dict:
-    """Every kernel argument by name (unused pointers point at ``a``)."""
+def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, zero_tail: bool, descs,
+                 pdl: str = "") -> dict:
+    """Every kernel argument by name (unused pointers point at ``a``). ``pdl``: "primary" (the next
+    kernel may launch early), "dependent" (launched early behind the kernel that writes ``a``; the
+    launch itself needs ``launch_pdl=True``) or ""."""
     g, n, k = w.shape
-    return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], out_ptr=out,
+    return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], z_desc=descs[4], out_ptr=out,
                 rw_ptr=a if route_weights is None else route_weights, cu_ptr=cu_seqlens, G=g,
                 NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
@@ -284,7 +376,8 @@ def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, z
                 ZERO_TAIL=zero_tail, FUSED=w_up is not None, HAS_WEIGHTS=route_weights is not None,
                 PINGPONG=cfg.pingpong,
                 PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-                num_warps=4 if cfg.pingpong else 8)
+                TAIL_BY_PRODUCER=cfg.tail_by_producer, LAUNCH_DEPENDENTS=pdl == "primary",
+                WAIT_PRIOR=pdl == "dependent", num_warps=4 if cfg.pingpong else 8)
 
 
 def _fast_descriptor(base, shape, strides, block_shape, layout):
@@ -298,20 +391,22 @@ def _fast_descriptor(base, shape, strides, block_shape, layout):
 _PLANS: dict = {}
 
 
-def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail: bool = True) -> bool:
+def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail: bool = True,
+                   pdl: str = "") -> bool:
     """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
     SwiGLU GEMM. ``choose(a, w, w_up, out) -> GluonConfig | None`` (None: these operands are not
     for this kernel, e.g. TMA cannot address them) runs once per static signature; returns
     whether the kernel ran (or had nothing to do). The first call per signature compiles and
     launches through Triton's JIT and keeps the compiled kernel; later calls launch it directly
-    (:mod:`.fast_launch`), with descriptors rebuilt from the cached geometry."""
+    (:mod:`.fast_launch`), with descriptors rebuilt from the cached geometry. ``pdl``: see
+    :func:`_kernel_args` (a "dependent" launch must directly follow the kernel that writes ``a``)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return True
     u = w if w_up is None else w_up
     rw = a if route_weights is None else route_weights
     key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), out.stride(), a.dtype, a.device, w_up is None,
            route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16, rw.data_ptr() % 16,
-           out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, zero_tail)
+           out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, zero_tail, pdl)
     entry = _PLANS.get(key)
     if entry is False:
         return False
@@ -321,18 +416,19 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
             _PLANS[key] = False
             return False
         descs = descriptors(a, w, u, out, cfg.block_m, cfg.block_n, cfg.block_k)
-        kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs)
+        kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl)
         items = triton_grouped_gemm.num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1],
                                                                                                    cfg.block_n)
         grid = (max(1, min(_num_programs(a.device), items)), )
-        kernel = _ws_grouped_gemm_kernel[grid](**kwargs)
+        # (The compiled kernel's metadata keeps launch_pdl: the direct launches below use it too.)
+        kernel = _ws_grouped_gemm_kernel[grid](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))
         if fast_launch.ENABLED and hasattr(kernel, "run"):
             geos = [(list(d.shape), list(d.strides), list(d.block_shape), d.layout) for d in descs]
             names = _ws_grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
             _PLANS[key] = (kernel, grid, geos, [kwargs[name] for name in names[names.index("BLOCK_M"):]])
         return True
     kernel, grid, geos, constexprs = entry
-    descs = [_fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out), geos)]
+    descs = [_fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out, out), geos)]
     fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, *_runtime_ints(a, w, out),
                                                *constexprs])
     return True
@@ -350,10 +446,11 @@ def _num_programs(device: torch.device) -> int:
     return triton_grouped_gemm._num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=None, zero_tail=True, **cfg):
+def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=None, zero_tail=True, pdl="",
+           **cfg):
     """Launch with an explicit config (probes, tests): ``cfg`` are :class:`GluonConfig` fields."""
     config = GluonConfig(**cfg)
     u = w if w_up is None else w_up
     descs = descriptors(a, w, u, out, config.block_m, config.block_n, config.block_k)
-    kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs)
-    return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs)
+    kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl)
+    return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))

@@ -345,8 +345,8 @@ def tma_addressable(t: torch.Tensor) -> bool:
 
 def tma_usable(a: torch.Tensor, *weights: torch.Tensor) -> bool:
     """TMA loads of ``a`` and the weights; each weight is read as one ``[G*N, K]`` matrix, so
-    its groups must be back to back."""
-    return (all(tma_addressable(t) for t in (a, *weights))
+    its groups must be back to back. A descriptor needs every extent > 0 (``K = 0``: no TMA)."""
+    return (all(tma_addressable(t) and t.numel() > 0 for t in (a, *weights))
             and all(w.stride(0) == w.shape[1] * w.stride(1) for w in weights))
 
 
