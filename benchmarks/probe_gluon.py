@@ -36,13 +36,18 @@ from .probe import committed, time_interleaved
 from .run import environment
 from .shapes import SHAPES, build_problem
 
+# BLOCK_K 128 (eleventh session, not yet timed): twice the bytes per TMA box, for the memory-bound
+# shapes (benchmarks/results/dram_layout_h200.json: strided 128x64 boxes stream at 3.8 TB/s,
+# 128x128 ones at 4.5), at three stages (what fits next to the epilogue buffers).
 DOWN = {
     "pp_s5": dict(stages=5),
     "coop_n128_s6": dict(pingpong=False, stages=6),
+    "coop_n128_k128_s3": dict(pingpong=False, block_k=128, stages=3),
 }
 FUSED = {
     "pp_n64_s6": dict(block_n=64, stages=6),
     "pp_n64_s5": dict(block_n=64, stages=5),
+    "pp_n64_k128_s3": dict(block_n=64, block_k=128, stages=3),
     "coop_n128_s4": dict(pingpong=False, stages=4),
     "coop_n128_s4_rows": dict(pingpong=False, stages=4, group_major=False),
 }

@@ -28,11 +28,13 @@ PLAIN = {
     # The tail zeroed by the consumers after their items (the default: by the producer warp).
     "pingpong_tail_by_consumers": dict(stages=5, tail_by_producer=False),
     "coop_tail_by_consumers": dict(pingpong=False, stages=6, tail_by_producer=False),
+    "coop_k128_s3": dict(pingpong=False, block_k=128, stages=3),  # a probe candidate (BLOCK_K 128)
 }
 FUSED = {
     "pingpong_n64_s6": dict(block_n=64, stages=6),
     "coop_n128_s4": dict(pingpong=False, stages=4),
     "coop_n128_rows": dict(pingpong=False, stages=4, group_major=False),
+    "pingpong_n64_k128_s3": dict(block_n=64, block_k=128, stages=3),  # a probe candidate (BLOCK_K 128)
 }
 # TMA needs 16-byte row strides: K and N multiples of 8. Partial tiles (segments not multiples of
 # 128), empty groups, a tail, N and K not multiples of the blocks, G > 1024 (the chunked scan), a
