@@ -16,7 +16,7 @@
 #   probe:    where the forward GEMMs' time goes (benchmarks.probe: tail, knobs, row strides; only when
 #             named; PROBE_SHAPES picks shapes), then Nsight Compute on the committed kernels (NCU=0: skip)
 #   gluon:    the Gluon kernels against the Triton ones per GEMM and whole path (benchmarks.probe_gluon;
-#             only when named)
+#             only when named; PROBE_SHAPES, PADDINGS, GLUON_AB=tail_pdl as in that module)
 #   dram:     DRAM rates (benchmarks.dram_layout: reads in the kernels' strided TMA boxes vs
 #             contiguous ones, plain loads, a copy, writes alone; only when named)
 #   PYTEST_K / FUZZ_K: a pytest -k filter for the tests/portable steps / the fuzz step (a re-run
@@ -112,7 +112,7 @@ if [[ "$steps" == *" schedules "* ]]; then
 fi
 if [[ "$steps" == *" gluon "* ]]; then
   timeout ${GLUON_TIMEOUT:-420} python3 -m benchmarks.probe_gluon --paddings ${PADDINGS:-128,1} \
-    --out "$OUT/probe_gluon.json" 2>&1 | tee "$OUT/probe_gluon.log" | grep -v "tail zero True" | tail -n 60
+    ${PROBE_SHAPES:+--shapes $PROBE_SHAPES} ${GLUON_AB:+--ab $GLUON_AB} --out "$OUT/probe_gluon.json" 2>&1 | tee "$OUT/probe_gluon.log" | grep -v "tail zero True" | tail -n 60
   rc=${PIPESTATUS[0]}
   echo "probe_gluon rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
