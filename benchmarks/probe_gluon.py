@@ -43,11 +43,16 @@ DOWN = {
     "pp_s5": dict(stages=5),
     "coop_n128_s6": dict(pingpong=False, stages=6),
     "coop_n128_k128_s3": dict(pingpong=False, block_k=128, stages=3),
+    "coop_n256_s3": dict(pingpong=False, block_n=256, stages=3),
 }
 FUSED = {
     "pp_n64_s6": dict(block_n=64, stages=6),
     "pp_n64_s5": dict(block_n=64, stages=5),
     "pp_n64_k128_s3": dict(block_n=64, block_k=128, stages=3),
+    # gate and up tiles stacked in one buffer: one wgmma of 2 * block_n columns per `a` slice
+    # (eleventh session, not yet timed)
+    "pp_n64_s6_stacked": dict(block_n=64, stages=6, stacked=True),
+    "coop_n128_s4_stacked": dict(pingpong=False, stages=4, stacked=True),
     "coop_n128_s4": dict(pingpong=False, stages=4),
     "coop_n128_s4_rows": dict(pingpong=False, stages=4, group_major=False),
 }

@@ -181,6 +181,30 @@ def run_all_ops(rows, k, n, g, dtype) -> None:
     cuda_backward.grouped_gemm_wgrad(grad_k, gate, cu)
 
 
+# Gluon configs that no table picks yet but the GPU tests force and the probes time
+# (benchmarks/probe_gluon.py): (fused, GluonConfig fields). sm90 only.
+GLUON_CANDIDATES = [
+    (True, dict(block_n=64, stages=6, stacked=True)),
+    (True, dict(pingpong=False, stages=4, stacked=True)),
+    (True, dict(block_n=64, block_k=128, stages=3)),
+    (False, dict(pingpong=False, block_k=128, stages=3)),
+    (False, dict(pingpong=False, block_n=256, stages=3)),
+    (False, dict(stages=5, tail_by_producer=False)),
+]
+
+
+def run_gluon_candidates(dtype) -> None:
+    from moonep_ops.kernels import gluon_grouped_gemm
+
+    rows, k, n, g = 4096, 2048, 768, 8
+    cu = torch.linspace(rows // (2 * g), rows // 2, g).to(torch.int32)
+    for fused, cfg in GLUON_CANDIDATES:
+        w = _empty(g, n, k, dtype=dtype)
+        gluon_grouped_gemm.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
+                                  w_up=w if fused else None,
+                                  route_weights=torch.empty(rows, dtype=torch.float32) if fused else None, **cfg)
+
+
 def check_target(arch: int, dtypes, portable: bool) -> list:
     capability = (arch // 10, arch % 10)
     compiler = Compiler(GPUTarget("cuda", arch, 32))
@@ -188,6 +212,10 @@ def check_target(arch: int, dtypes, portable: bool) -> list:
         for _, rows, k, n, g in PROBLEMS:
             for dtype in dtypes:
                 run_all_ops(rows, k, n, g, dtype)
+        if arch == 90 and not portable and cuda._gluon_importable():
+            for dtype in dtypes:
+                if dtype != torch.float32:
+                    run_gluon_candidates(dtype)
     records = list(compiler.variants.values())
     for r in records:
         r["portable"] = portable

@@ -35,6 +35,9 @@ FUSED = {
     "coop_n128_s4": dict(pingpong=False, stages=4),
     "coop_n128_rows": dict(pingpong=False, stages=4, group_major=False),
     "pingpong_n64_k128_s3": dict(block_n=64, block_k=128, stages=3),  # a probe candidate (BLOCK_K 128)
+    # Probe candidates: gate and up tiles stacked, one wgmma of 2 * block_n columns.
+    "pingpong_n64_stacked": dict(block_n=64, stages=6, stacked=True),
+    "coop_n128_stacked": dict(pingpong=False, stages=4, stacked=True),
 }
 # TMA needs 16-byte row strides: K and N multiples of 8. Partial tiles (segments not multiples of
 # 128), empty groups, a tail, N and K not multiples of the blocks, G > 1024 (the chunked scan), a

@@ -37,6 +37,7 @@ class GluonConfig:
     producer_regs: int = 40
     consumer_regs: int = 232
     tail_by_producer: bool = True  # the producer warp zeroes the tail, spread over its loads
+    stacked: bool = False  # fused: gate and up tiles stacked, one wgmma of 2 * block_n columns (a probe candidate)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,17 @@ What Gluon lets us write that Triton 3.6's compiler does not produce here (measu
   TMA store, waited for only before the buffer is reused; a tile cut by a segment end is read
   back in a coalesced layout and stored with a row mask (stores straight from the wgmma register
   layout were 10-25% slower).
+- The tail's zeros (``ZERO_TAIL``): by the consumers after their real items, or
+  (``TAIL_BY_PRODUCER``) by the producer warp, TMA stores of a zeroed ``ZERO_ROWS``-row buffer
+  spread evenly over its loads, so that they overlap the GEMM instead of forming a write-only
+  phase at the end (eleventh session: -2.6% on kimi-k2 decode's down GEMM, whose rows are half
+  tail; +2.5% on a K = 768 one, so the config table picks it for long reductions only).
+- Programmatic dependent launch (``LAUNCH_DEPENDENTS`` / ``WAIT_PRIOR``, the ``experts`` op's
+  pair): the dependent down kernel's producer issues its first item's weight loads, then
+  executes ``griddepcontrol.wait`` before its first load of ``a`` (``act``).
+- ``STACKED`` (fused, a probe candidate that no table picks yet): the gate and up tiles of a
+  stage stacked in one buffer, so that one wgmma of ``2 * BLOCK_N`` columns reads each ``a``
+  slice once for both; the accumulator is split in registers for the epilogue.
 
 The segment of an item is found by a forward walk over ``cu_seqlens`` (a program's items only
 move forward), with scalar loads: no per-item scans. Segment ends are used as in the Triton
@@ -88,10 +99,24 @@ def _zero_chunk(z_desc, z_buf, c, tail_lo, n_tiles):
 
 
 @gluon.jit
+def _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, k0, FUSED: gl.constexpr, STACK: gl.constexpr):
+    """Stage ``s``'s weight tiles: ``w`` (and ``u``), or with ``STACK`` both into the halves of one
+    ``2 * BLOCK_N``-row buffer."""
+    if STACK:
+        BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+        tma.async_copy_global_to_shared(w_desc, [w_row, k0], ready.index(s), w_bufs.index(s).slice(0, BLOCK_N))
+        tma.async_copy_global_to_shared(u_desc, [w_row, k0], ready.index(s), w_bufs.index(s).slice(BLOCK_N, BLOCK_N))
+    else:
+        tma.async_copy_global_to_shared(w_desc, [w_row, k0], ready.index(s), w_bufs.index(s))
+        if FUSED:
+            tma.async_copy_global_to_shared(u_desc, [w_row, k0], ready.index(s), u_bufs.index(s))
+
+
+@gluon.jit
 def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G, NUM_ROWS, N,
               K, real_items, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
               STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
-              WAIT_PRIOR: gl.constexpr):
+              WAIT_PRIOR: gl.constexpr, STACK: gl.constexpr):
     """TMA loads into the ring, item after item. With ``TAIL_BY_PRODUCER`` it also zeroes this
     program's share of the tail rows, by TMA stores of a zeroed ``ZROWS x BLOCK_N`` buffer spread
     evenly over its loads: the tail's writes overlap the GEMM instead of forming a write-only
@@ -117,11 +142,8 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
             pre = gl.minimum(k_iters, STAGES)
             for kk in range(pre):
                 mbarrier.expect(ready.index(kk), nbytes)
-                tma.async_copy_global_to_shared(w_desc, [g * N + pid_n0 * BLOCK_N, kk * BLOCK_K], ready.index(kk),
-                                                w_bufs.index(kk))
-                if FUSED:
-                    tma.async_copy_global_to_shared(u_desc, [g * N + pid_n0 * BLOCK_N, kk * BLOCK_K],
-                                                    ready.index(kk), u_bufs.index(kk))
+                _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, kk, g * N + pid_n0 * BLOCK_N, kk * BLOCK_K,
+                              FUSED, STACK)
         _gdc_wait()
     if TAIL_BY_PRODUCER:
         ZROWS: gl.constexpr = z_desc.block_type.shape[0]
@@ -145,9 +167,7 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
                 # mbarriers start with phase 1 complete: the first lap waits on parity 1 and passes.
                 mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(s), nbytes)
-                tma.async_copy_global_to_shared(w_desc, [w_row, kk * BLOCK_K], ready.index(s), w_bufs.index(s))
-                if FUSED:
-                    tma.async_copy_global_to_shared(u_desc, [w_row, kk * BLOCK_K], ready.index(s), u_bufs.index(s))
+                _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, kk * BLOCK_K, FUSED, STACK)
             tma.async_copy_global_to_shared(a_desc, [row_lo, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
             cnt += 1
             if TAIL_BY_PRODUCER:
@@ -184,11 +204,11 @@ def _store_tile(acc, o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, str
 
 
 @gluon.jit
-def _consumer(a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS,
+def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS,
               N, K, stride_om, real_items, tail_items, n_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
               GROUP_MAJOR: gl.constexpr, ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
-              PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+              STACK: gl.constexpr, PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ``PARITY`` of ``CONSUMERS``: the program's local items ``i = PARITY (mod CONSUMERS)``.
 
     One consumer (``CONSUMERS == 1``, ``WARPS == 8``): both warpgroups share each tile, 64 rows
@@ -203,6 +223,8 @@ def _consumer(a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_pt
     """
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
+    wide_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                          instr_shape=[16, 2 * BLOCK_N, 16])
     o_buf = o_bufs.index(PARITY)
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
@@ -222,24 +244,38 @@ def _consumer(a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_pt
         key = item if GROUP_MAJOR else item // n_tiles
         g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
         row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-        acc_u = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        if STACK:
+            acc_w = gl.zeros([BLOCK_M, 2 * BLOCK_N], gl.float32, wide_layout)
+        else:
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+            acc_u = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         cnt = i * k_iters  # the ring position of this item's first stage (the producer's count)
         for kk in range(k_iters):
             s = cnt % STAGES
             mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
             # At most this step's MMAs in flight: the previous step's are done, so its stage can be refilled.
-            if FUSED:
-                acc_u = warpgroup_mma(a_bufs.index(s), u_bufs.index(s).permute((1, 0)), acc_u, is_async=True)
-                acc, acc_u = warpgroup_mma_wait(2, deps=(acc, acc_u))
+            if STACK:
+                acc_w = warpgroup_mma(a_bufs.index(s), wide_bufs.index(s).permute((1, 0)), acc_w, is_async=True)
+                acc_w = warpgroup_mma_wait(1, deps=(acc_w, ))
             else:
-                acc = warpgroup_mma_wait(1, deps=(acc, ))
+                acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+                if FUSED:
+                    acc_u = warpgroup_mma(a_bufs.index(s), u_bufs.index(s).permute((1, 0)), acc_u, is_async=True)
+                    acc, acc_u = warpgroup_mma_wait(2, deps=(acc, acc_u))
+                else:
+                    acc = warpgroup_mma_wait(1, deps=(acc, ))
             mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1, pred=kk > 0)
             cnt += 1
         if CONSUMERS == 2:
             mbarrier.arrive(turn.index(1 - PARITY), count=1)  # every stage of this item has landed
-        if FUSED:
+        if STACK:
+            acc_w = warpgroup_mma_wait(0, deps=(acc_w, ))
+            # Columns [0, BLOCK_N) are gate, [BLOCK_N, 2 * BLOCK_N) up: in the wgmma layout the
+            # top column bit is a register bit, so the split moves no data (asserted).
+            gate, up = gl.split(gl.permute(gl.reshape(acc_w, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
+            acc = gl.convert_layout(gate, acc_layout, assert_trivial=True)
+            acc_u = gl.convert_layout(up, acc_layout, assert_trivial=True)
+        elif FUSED:
             acc, acc_u = warpgroup_mma_wait(0, deps=(acc, acc_u))
         else:
             acc = warpgroup_mma_wait(0, deps=(acc, ))
@@ -273,7 +309,8 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
                             ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
                             PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
-                            LAUNCH_DEPENDENTS: gl.constexpr, WAIT_PRIOR: gl.constexpr, num_warps: gl.constexpr):
+                            LAUNCH_DEPENDENTS: gl.constexpr, WAIT_PRIOR: gl.constexpr, STACKED: gl.constexpr,
+                            num_warps: gl.constexpr):
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
         # programs take the SMs this grid's programs leave and wait for this grid's memory.
@@ -294,12 +331,21 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
     CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
     CONSUMER_TAIL: gl.constexpr = ZERO_TAIL and not TAIL_BY_PRODUCER
     PRODUCER_TAIL: gl.constexpr = ZERO_TAIL and TAIL_BY_PRODUCER
+    STACK: gl.constexpr = FUSED and STACKED
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    if FUSED:
-        u_bufs = gl.allocate_shared_memory(u_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], u_desc.layout)
+    if STACK:
+        # Gate rows over up rows in one buffer per stage: one wgmma of 2 * BLOCK_N columns reads
+        # each `a` slice once for both projections.
+        wide_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 2 * BLOCK_N, BLOCK_K], w_desc.layout)
+        w_bufs = wide_bufs  # the producer takes each stage's halves
+        u_bufs = wide_bufs
     else:
-        u_bufs = w_bufs  # unused
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+        if FUSED:
+            u_bufs = gl.allocate_shared_memory(u_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], u_desc.layout)
+        else:
+            u_bufs = w_bufs  # unused
+        wide_bufs = w_bufs  # unused
     o_bufs = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, BLOCK_M, BLOCK_N], o_desc.layout)
     if PRODUCER_TAIL:
         z_buf = gl.allocate_shared_memory(z_desc.dtype, z_desc.block_type.shape, z_desc.layout)
@@ -317,27 +363,27 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
     # (Argument lists written out: constexprs inside a tuple variable reach a partition as tensors.)
     if PINGPONG:
         gl.warp_specialize([
-            (_consumer, (a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
+            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
                          NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
+                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
                          0, 2, num_warps)),
-            (_consumer, (a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
+            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
                          NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
+                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
                          1, 2, num_warps)),
             (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
                          NUM_ROWS, N, K, real_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED,
-                         PRODUCER_TAIL, WAIT_PRIOR)),
+                         PRODUCER_TAIL, WAIT_PRIOR, STACK)),
         ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (a_bufs, w_bufs, u_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
+            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
                          NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
+                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
                          0, 1, num_warps)),
             (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
                          NUM_ROWS, N, K, real_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED,
-                         PRODUCER_TAIL, WAIT_PRIOR)),
+                         PRODUCER_TAIL, WAIT_PRIOR, STACK)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -377,7 +423,7 @@ def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, z
                 PINGPONG=cfg.pingpong,
                 PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
                 TAIL_BY_PRODUCER=cfg.tail_by_producer, LAUNCH_DEPENDENTS=pdl == "primary",
-                WAIT_PRIOR=pdl == "dependent", num_warps=4 if cfg.pingpong else 8)
+                WAIT_PRIOR=pdl == "dependent", STACKED=cfg.stacked, num_warps=4 if cfg.pingpong else 8)
 
 
 def _fast_descriptor(base, shape, strides, block_shape, layout):
