@@ -1,5 +1,7 @@
 """The ``experts`` op's programmatic dependent launch (Hopper): the down GEMM starts while the
-fused GEMM finishes and must not read ``act`` (or write ``out``) before that kernel is done.
+fused GEMM finishes and must not read ``act`` before that kernel is done, nor write rows of
+``out`` that are results (the Gluon kernel's consumers may zero tail rows early: no result of the
+fused GEMM depends on them, even with ``out`` aliasing ``x``).
 
 The race is made visible: ``act`` is poisoned with NaN before the pair runs, and the segments
 are skewed so that some fused programs finish long before others (an early down program that
@@ -21,6 +23,10 @@ from .test_cuda_capture import _capture, _copy_into
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
+# Whether the ops' route takes the Gluon kernels here (sm90, bf16, TMA-aligned operands).
+GLUON = (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and cuda._gluon_importable()
+         and cuda.gluon_allowed() and not cuda.portable_only())
+
 # One long segment next to many short ones: the programs of the long one finish last. H and I
 # are TMA-aligned, so on Hopper both GEMMs take the TMA path, and the pair uses PDL.
 SKEWED = Layout("pdl_skewed", (3072, *([128] * 24), 0, 7), 3072 + 24 * 128 + 7 + 61, k=1024, n=512,
@@ -34,8 +40,9 @@ def _pair(x, w_gate, w_up, w_down, rw, cu, act, out, pdl=True, kernels="triton")
     Gluon kernels, whose dependent down GEMM issues its first weight loads before the wait."""
     act.fill_(float("nan"))
     if kernels == "ops":
-        cuda._run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, pdl="primary" if pdl else "")
-        cuda._run_plain(act, w_down, cu, out, pdl="dependent" if pdl else "")
+        on_gluon = (cuda._run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, pdl="primary" if pdl else ""),
+                    cuda._run_plain(act, w_down, cu, out, pdl="dependent" if pdl else ""))
+        assert all(on_gluon) == GLUON, f"expected the Gluon kernels: {GLUON}, ran on them: {on_gluon}"
         return
     gemm.run_moe_gemm(x, w_gate, w_up, rw, cu, act, _choose_fused, False, zero_tail=False,
                       pdl="primary" if pdl else "")
@@ -78,6 +85,44 @@ def test_experts_pdl_graph_replay_with_poisoned_act(kernels):
         assert not torch.isnan(out).any()
         assert torch.equal(out, moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw))
         assert rel_err(out, experts_ref(x, w_gate, w_up, w_down, cu, rw)) <= TOLERANCE[torch.bfloat16]
+
+
+# Forced Gluon configs of the pair (the table picks by shape): the dependent down GEMM with the
+# tail zeroed by its producer (after the wait) and ping-pong consumers, or by cooperative consumers.
+GLUON_PAIRS = {
+    "pingpong_down_tail_by_producer": (dict(block_n=64, stages=6), dict(stages=5, tail_by_producer=True)),
+    "coop_down_tail_by_consumers": (dict(pingpong=False, stages=4),
+                                    dict(pingpong=False, stages=6, tail_by_producer=False)),
+}
+
+
+@pytest.mark.skipif(not GLUON, reason="the Gluon kernels need an sm90 GPU and a Triton with Gluon")
+@pytest.mark.parametrize("configs", GLUON_PAIRS.values(), ids=GLUON_PAIRS.keys())
+def test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(configs):
+    from moonep_ops.kernels import gluon_grouped_gemm as gg
+
+    fused_cfg, down_cfg = configs
+    layout = SKEWED
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
+
+    def pair(pdl):
+        act.fill_(float("nan"))
+        gg.launch(x, w_gate, cu, act, 132, w_up=w_up, route_weights=rw, zero_tail=False,
+                  pdl="primary" if pdl else "", **fused_cfg)
+        gg.launch(act, w_down, cu, out, 132, pdl="dependent" if pdl else "", **down_cfg)
+
+    pair(False)
+    plain = out.clone()
+    for _ in range(20):
+        out.fill_(float("nan"))
+        pair(True)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any(), "the dependent GEMM read act before the fused GEMM wrote it"
+        assert torch.equal(out, plain), "PDL changed the result"
+    assert rel_err(out, experts_ref(x, w_gate, w_up, w_down, cu, rw)) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
 
 
 def test_experts_op_plans_the_pair_as_pdl_on_hopper_only():

@@ -91,9 +91,10 @@ def test_gluon_pair_without_pdl(on_sm90, monkeypatch):
     assert [call[:3] for call in gluon_calls] == [(True, False, ""), (False, True, "")]
 
 
-def test_gluon_fused_then_triton_down_keeps_the_pdl_pair(on_sm90):
+def test_gluon_fused_then_triton_down_is_asked_for_the_pdl_pair(on_sm90):
     """``w_down`` rows TMA cannot address (72-byte row stride): the down GEMM takes the Triton
-    kernel, still as the dependent of the Gluon fused GEMM right before it."""
+    kernel and is asked to be the dependent of the Gluon fused GEMM right before it (the Triton
+    launcher's pointer path drops the role and launches plainly, which is always safe)."""
     gluon_calls, triton_calls = on_sm90
     g, h, i, nvs = 3, 64, 32, 20
     x = torch.randn(nvs, h, dtype=torch.bfloat16)
@@ -159,6 +160,17 @@ def test_self_check_names_the_kernel_path(monkeypatch):
     assert _kernel_path(gpu, torch.bfloat16, (9, 0)) == "Triton kernels with TMA loads"
 
 
+def test_gluon_launcher_refuses_an_unknown_pdl_role():
+    _gluon_or_skip()
+    from moonep_ops.kernels import gluon_grouped_gemm
+
+    a, w = torch.empty(256, 64, dtype=torch.bfloat16), torch.empty(2, 64, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([100, 200], dtype=torch.int32)
+    with pytest.raises(ValueError, match="pdl must be one of"):
+        gluon_grouped_gemm.run_gluon_gemm(a, w, None, None, cu, torch.empty(256, 64, dtype=torch.bfloat16),
+                                          lambda *args: None, pdl="yes")
+
+
 def test_empty_reduction_takes_no_tma():
     """K = 0: a TMA descriptor needs every extent > 0 (the Triton kernel built one and failed
     on the H200, eleventh session); the pointer path computes the zeros."""
@@ -166,3 +178,6 @@ def test_empty_reduction_takes_no_tma():
     assert triton_grouped_gemm.tma_usable(a, w)
     assert not triton_grouped_gemm.tma_usable(a[:, :0], w[:, :, :0])
     assert not cuda._use_tma((9, 0), a[:, :0], w[:, :, :0])
+    w_kn = torch.empty(2, 64, 64, dtype=torch.bfloat16).transpose(1, 2)  # the dgrad's transposed view
+    assert triton_grouped_gemm.tma_usable_kn(a, w_kn, 64)
+    assert not triton_grouped_gemm.tma_usable_kn(a[:0], w_kn[:0], 64)

@@ -138,7 +138,7 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
         if pid < real_items:
             key0 = pid if GROUP_MAJOR else pid // n_tiles
             g, excl, incl, start, end = _walk(cu_ptr, G, key0, scale, g, excl, incl, start, end, BLOCK_M)
-            row0, pid_n0 = _item_coords(pid, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
+            _, pid_n0 = _item_coords(pid, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
             pre = gl.minimum(k_iters, STAGES)
             for kk in range(pre):
                 mbarrier.expect(ready.index(kk), nbytes)
@@ -457,6 +457,8 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
     if entry is False:
         return False
     if entry is None:
+        if pdl not in triton_grouped_gemm.PDL_ROLES:
+            raise ValueError(f"pdl must be one of {triton_grouped_gemm.PDL_ROLES}, got {pdl!r}")
         cfg = choose(a, w, w_up, out)
         if cfg is None:
             _PLANS[key] = False

@@ -360,7 +360,7 @@ def tma_usable_kn(a: torch.Tensor, w: torch.Tensor, block_k: int) -> bool:
     """TMA for a transposed view: the storage ``[G*K, N]`` must be aligned and back to back,
     and ``K % block_k == 0`` so that no tile reads across two groups."""
     g, n, k = w.shape
-    return (is_kn_view(w) and tma_addressable(a) and w.data_ptr() % 16 == 0
+    return (is_kn_view(w) and tma_addressable(a) and a.numel() > 0 and w.numel() > 0 and w.data_ptr() % 16 == 0
             and (w.stride(2) * w.element_size()) % 16 == 0 and w.stride(0) == k * w.stride(2) and k % block_k == 0)
 
 
