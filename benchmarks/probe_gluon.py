@@ -2,10 +2,11 @@
 the committed Triton kernel on the six BASELINE shapes (issue 6), per GEMM and for the whole path.
 
 Per shape: the fused gate/up GEMM (``act``'s tail left unwritten, as in the ``experts`` op) with the
-committed Triton config and each ``FUSED`` Gluon config, checked against the Triton output on the
-live rows; the down GEMM (``out`` poisoned with NaN first) with the Triton config and each ``DOWN``
-Gluon config, checked against a float64 reference and for zeros in the tail; then whole paths: the
-``experts`` op as committed, the fastest Gluon fused + Gluon down, and Triton fused + Gluon down.
+committed Triton config, the committed Gluon config (``table``) and each ``FUSED`` Gluon config,
+checked against the Triton output on the live rows; the down GEMM (``out`` poisoned with NaN
+first) with the Triton config, ``table`` and each ``DOWN`` Gluon config, checked against a float64
+reference and for zeros in the tail; then whole paths: the ``experts`` op as committed and the
+fastest Gluon fused + Gluon down, paired with PDL as the op pairs them.
 All timed as CUDA graphs, interleaved (:func:`benchmarks.probe.time_interleaved`).
 Results: ``benchmarks/results/probe_gluon_h200*.json``.
 
@@ -103,28 +104,38 @@ def probe_shape(shape, padding, args) -> dict:
     row = {"shape": shape.name, "padding": padding, "nvs": nvs, "live": live, "errors": {}, "timings": {}}
     print(f"{shape.name} pad={padding}: NvS {nvs}, live rows {live}", flush=True)
 
-    def g_fused(kw):
-        return lambda: gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, **kw)
+    # The committed Gluon configs join the candidates; a candidate that does not name the tail
+    # scheme takes the committed one's, so that it differs from the table in its own knobs only.
+    table_f = dataclasses.asdict(configs.gluon_gemm_config(shape.inter, shape.hidden, nvs, fused=True))
+    table_d = dataclasses.asdict(configs.gluon_gemm_config(shape.hidden, shape.inter, nvs, fused=False))
+    fused_cands = {"table": table_f, **FUSED}
+    down_cands = {"table": table_d, **{n: {"tail_by_producer": table_d["tail_by_producer"], **kw}
+                                       for n, kw in DOWN.items()}}
 
-    def g_down(kw):
-        return lambda: gg.launch(act, wd, cu, out, sms, **kw)
+    def g_fused(kw, pdl=""):
+        return lambda: gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, pdl=pdl, **kw)
+
+    def g_down(kw, pdl=""):
+        return lambda: gg.launch(act, wd, cu, out, sms, pdl=pdl, **kw)
 
     t_fused = lambda: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, act, cfg_f, True, zero_tail=False)  # noqa: E731
     t_down = lambda: launch_grouped_gemm(act, wd, cu, out, cfg_d, True)  # noqa: E731
-    fused = _check_and_time({"triton": t_fused, **{n: g_fused(kw) for n, kw in FUSED.items()}}, act, live, None,
-                            args, row, "fused")
+    fused = _check_and_time({"triton": t_fused, **{n: g_fused(kw) for n, kw in fused_cands.items()}}, act, live,
+                            None, args, row, "fused")
     t_fused()
-    down = _check_and_time({"triton": t_down, **{n: g_down(kw) for n, kw in DOWN.items()}}, out, live,
-                           reference(act, wd, sizes), args, row, "down")
+    ref = reference(act, wd, sizes)
+    down = _check_and_time({"triton": t_down, **{n: g_down(kw) for n, kw in down_cands.items()}}, out, live, ref,
+                           args, row, "down")
     if args.time and fused and down:
         bf = min((n for n in fused if n != "triton"), key=lambda n: fused[n]["us"])
         bd = min((n for n in down if n != "triton"), key=lambda n: down[n]["us"])
+        # Whole paths as the experts op runs them: the down GEMM a programmatic dependent.
         paths = {
             "experts_op": lambda: moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out),
-            f"gluon:{bf}+{bd}": lambda: (g_fused(FUSED[bf])(), g_down(DOWN[bd])()),
-            f"triton+gluon:{bd}": lambda: (t_fused(), g_down(DOWN[bd])()),
+            f"gluon:{bf}+{bd}": lambda: (g_fused(fused_cands[bf], "primary")(),
+                                         g_down(down_cands[bd], "dependent")()),
         }
-        _check_and_time(paths, out, live, None, args, row, "path")
+        _check_and_time(paths, out, live, ref, args, row, "path")
     return row
 
 
