@@ -94,20 +94,27 @@ def _check_and_time(fns, dst, live, ref, args, row, role):
     return timed
 
 
-def probe_shape(shape, padding, args) -> dict:
+def _setup(shape, padding):
+    """The shape's problem, NaN-poisoned ``act`` and ``out``, the SM count, the committed Gluon
+    configs (fused, down) as dicts, and the result row, announced."""
     x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
     nvs, live = x.shape[0], sum(sizes)
     act = torch.full((nvs, shape.inter), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = torch.empty(nvs, shape.hidden, device="cuda", dtype=torch.bfloat16)
-    sms = _num_sms(torch.cuda.current_device())
-    cfg_f, cfg_d = committed("fused", shape, nvs), committed("down", shape, nvs)
+    tables = (dataclasses.asdict(configs.gluon_gemm_config(shape.inter, shape.hidden, nvs, fused=True)),
+              dataclasses.asdict(configs.gluon_gemm_config(shape.hidden, shape.inter, nvs, fused=False)))
     row = {"shape": shape.name, "padding": padding, "nvs": nvs, "live": live, "errors": {}, "timings": {}}
     print(f"{shape.name} pad={padding}: NvS {nvs}, live rows {live}", flush=True)
+    return (x, wg, wu, wd, cu, rw, sizes), act, out, _num_sms(torch.cuda.current_device()), tables, row
+
+
+def probe_shape(shape, padding, args) -> dict:
+    (x, wg, wu, wd, cu, rw, sizes), act, out, sms, (table_f, table_d), row = _setup(shape, padding)
+    live = sum(sizes)
+    cfg_f, cfg_d = committed("fused", shape, x.shape[0]), committed("down", shape, x.shape[0])
 
     # The committed Gluon configs join the candidates; a candidate that does not name the tail
     # scheme takes the committed one's, so that it differs from the table in its own knobs only.
-    table_f = dataclasses.asdict(configs.gluon_gemm_config(shape.inter, shape.hidden, nvs, fused=True))
-    table_d = dataclasses.asdict(configs.gluon_gemm_config(shape.hidden, shape.inter, nvs, fused=False))
     fused_cands = {"table": table_f, **FUSED}
     down_cands = {"table": table_d, **{n: {"tail_by_producer": table_d["tail_by_producer"], **kw}
                                        for n, kw in DOWN.items()}}
@@ -153,16 +160,9 @@ def _env(name, value):
 
 
 def probe_tail_pdl(shape, padding, args) -> dict:
-    x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
-    nvs, live = x.shape[0], sum(sizes)
-    act = torch.full((nvs, shape.inter), float("nan"), device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(nvs, shape.hidden, device="cuda", dtype=torch.bfloat16)
-    sms = _num_sms(torch.cuda.current_device())
-    cf = dataclasses.asdict(configs.gluon_gemm_config(shape.inter, shape.hidden, nvs, fused=True))
-    cd = dataclasses.asdict(configs.gluon_gemm_config(shape.hidden, shape.inter, nvs, fused=False))
-    row = {"shape": shape.name, "padding": padding, "nvs": nvs, "live": live, "errors": {}, "timings": {},
-           "fused_config": cf, "down_config": cd}
-    print(f"{shape.name} pad={padding}: NvS {nvs}, live rows {live}", flush=True)
+    (x, wg, wu, wd, cu, rw, sizes), act, out, sms, (cf, cd), row = _setup(shape, padding)
+    live = sum(sizes)
+    row.update(fused_config=cf, down_config=cd)
     gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, **cf)
     down = {
         "tail_by_producer": lambda: gg.launch(act, wd, cu, out, sms, **{**cd, "tail_by_producer": True}),

@@ -73,12 +73,11 @@ def _gluon_wanted(capability, dtype) -> bool:
 
 
 def _gluon_usable(capability, a, out, *weights) -> bool:
-    """All of the choice: :func:`_gluon_wanted`, TMA-addressable operands and output, and no empty
-    reduction or weight stack (a TMA descriptor needs every extent > 0)."""
+    """All of the choice: :func:`_gluon_wanted`, and operands and output TMA can address
+    (``tma_usable`` also refuses empty extents: K = 0, no weight rows)."""
     from .triton_grouped_gemm import tma_addressable, tma_usable
 
-    return (_gluon_wanted(capability, a.dtype) and a.shape[1] > 0 and weights[0].shape[0] > 0
-            and tma_usable(a, *weights) and tma_addressable(out))
+    return _gluon_wanted(capability, a.dtype) and tma_usable(a, *weights) and tma_addressable(out)
 
 
 def _gluon_plain(a, w, _w_up, out):

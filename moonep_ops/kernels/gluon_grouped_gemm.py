@@ -114,7 +114,7 @@ def _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, k0, FUSED: gl
 
 @gluon.jit
 def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G, NUM_ROWS, N,
-              K, real_items, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              K, real_items, live_end, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
               STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
               WAIT_PRIOR: gl.constexpr, STACK: gl.constexpr):
     """TMA loads into the ring, item after item. With ``TAIL_BY_PRODUCER`` it also zeroes this
@@ -150,8 +150,7 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
         zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [1, 1], [1, 0])
         z_buf.store(gl.zeros([ZROWS, BLOCK_N], z_desc.dtype, zl))
         fence_async_shared()
-        tail_lo = gl.minimum(gl.maximum(gl.load(cu_ptr + G - 1), 0), NUM_ROWS)
-        z_total = gl.cdiv(NUM_ROWS - tail_lo, ZROWS) * n_tiles
+        z_total = gl.cdiv(NUM_ROWS - live_end, ZROWS) * n_tiles
         z_mine = gl.cdiv(gl.maximum(z_total - pid, 0), num_progs)  # chunks pid, pid + num_progs, ...
         stages_mine = gl.cdiv(gl.maximum(real_items - pid, 0), num_progs) * k_iters
         z_done = 0
@@ -173,11 +172,11 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
             if TAIL_BY_PRODUCER:
                 z_target = ((cnt * z_mine.to(gl.int64)) // stages_mine).to(gl.int32)
                 while z_done < z_target:
-                    _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, tail_lo, n_tiles)
+                    _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, n_tiles)
                     z_done += 1
     if TAIL_BY_PRODUCER:
         while z_done < z_mine:  # all of it when this program has no real items
-            _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, tail_lo, n_tiles)
+            _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, n_tiles)
             z_done += 1
         tma.store_wait(0)
 
@@ -205,7 +204,7 @@ def _store_tile(acc, o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, str
 
 @gluon.jit
 def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS,
-              N, K, stride_om, real_items, tail_items, n_tiles,
+              N, K, stride_om, real_items, live_end, tail_items, n_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
               GROUP_MAJOR: gl.constexpr, ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
               STACK: gl.constexpr, PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
@@ -291,11 +290,10 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_d
     if ZERO_TAIL:
         # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
         zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
-        tail_lo = gl.minimum(gl.maximum(gl.load(cu_ptr + G - 1), 0), NUM_ROWS)
         zeros = gl.zeros([BLOCK_M, BLOCK_N], o_desc.dtype, zl)
         first = (pid - real_items % num_progs + num_progs) % num_progs
         for j in range(first + PARITY * num_progs, tail_items, CONSUMERS * num_progs):
-            rows = tail_lo + (j // n_tiles) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, zl))
+            rows = live_end + (j // n_tiles) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, zl))
             cols = (j % n_tiles) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zl))
             mask = (rows < NUM_ROWS)[:, None] & (cols < N)[None, :]
             gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], zeros, mask=mask)
@@ -315,7 +313,8 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
         # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
         # programs take the SMs this grid's programs leave and wait for this grid's memory.
         _gdc_launch_dependents()
-    # Totals from a vector scan of cu_seqlens (every partition gets them as scalars).
+    # Totals from a vector scan of cu_seqlens, and the tail's first row (every partition gets them
+    # as scalars).
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     real_tiles = 0
     for c in range(0, G, BLOCK_G):
@@ -364,26 +363,26 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
     if PINGPONG:
         gl.warp_specialize([
             (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
-                         NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
+                         NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
+                         BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
                          0, 2, num_warps)),
             (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
-                         NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
+                         NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
+                         BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
                          1, 2, num_warps)),
             (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
-                         NUM_ROWS, N, K, real_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED,
-                         PRODUCER_TAIL, WAIT_PRIOR, STACK)),
+                         NUM_ROWS, N, K, real_items, live_end, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
+                         GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK)),
         ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
-                         NUM_ROWS, N, K, stride_om, real_items, tail_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K,
-                         STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
+                         NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
+                         BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
                          0, 1, num_warps)),
             (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
-                         NUM_ROWS, N, K, real_items, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED,
-                         PRODUCER_TAIL, WAIT_PRIOR, STACK)),
+                         NUM_ROWS, N, K, real_items, live_end, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
+                         GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK)),
         ], [1], [PRODUCER_REGS])
 
 
