@@ -140,3 +140,124 @@ def test_experts_op_plans_the_pair_as_pdl_on_hopper_only():
         assert down.constexprs["PREFETCH_BYTES"] > 0 and down.constexprs["PREFETCH_BYTES"] % 16 == 0
     with pytest.raises(ValueError, match="pdl must be one of"):
         gemm._plan(act, w_down, None, None, out, *_choose_plain(act, w_down, None), pdl="yes")
+
+
+# The row-tile handoff (GluonConfig.row_flags, gluon_grouped_gemm.run_gluon_pair): the fused GEMM
+# bumps a flag per row tile of act as its tiles are stored, the down GEMM starts on full ones
+# instead of waiting for the whole fused grid.
+ROW_FLAG_PAIRS = {
+    "pingpong": (dict(block_n=64, stages=6), dict(stages=5)),
+    "coop_stacked": (dict(pingpong=False, stages=4, stacked=True), dict(pingpong=False, stages=6)),
+}
+
+
+def _real_row_tiles(cu, block_m=128):
+    sizes = torch.diff(cu.long(), prepend=cu.new_zeros(1).long()).clamp(min=0)
+    return int(((sizes + block_m - 1) // block_m).sum())
+
+
+@pytest.mark.skipif(not GLUON, reason="the Gluon kernels need an sm90 GPU and a Triton with Gluon")
+@pytest.mark.parametrize("layout", [SKEWED, MANY_GROUPS], ids=lambda lay: lay.name)
+@pytest.mark.parametrize("configs", ROW_FLAG_PAIRS.values(), ids=ROW_FLAG_PAIRS.keys())
+def test_gluon_row_flag_handoff(configs, layout):
+    from moonep_ops.kernels import gluon_grouped_gemm as gg
+    from moonep_ops.kernels.configs import GluonConfig
+
+    fused_cfg, down_cfg = configs
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
+    target = gg.flag_target(GluonConfig(**fused_cfg), layout.n)
+    tiles = gemm.num_row_tiles(layout.nvs, w_gate.shape[0], 128)
+
+    def pair(flags):
+        act.fill_(float("nan"))
+        gg.launch(x, w_gate, cu, act, 132, w_up=w_up, route_weights=rw, zero_tail=False,
+                  pdl="primary" if flags is not None else "", flags=flags, **fused_cfg)
+        gg.launch(act, w_down, cu, out, 132, pdl="dependent" if flags is not None else "", flags=flags,
+                  flag_target=target, **down_cfg)
+
+    pair(None)
+    plain = out.clone()
+    real = _real_row_tiles(cu)
+    for _ in range(20):
+        out.fill_(float("nan"))
+        flags = torch.zeros(tiles, dtype=torch.int32, device="cuda")
+        pair(flags)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any(), "the down GEMM read a row tile of act before it was signalled"
+        assert torch.equal(out, plain), "the handoff changed the result"
+        # every real row tile signalled by every column tile's threads, exactly once; no other
+        assert torch.equal(flags[:real], torch.full_like(flags[:real], target)), flags[:real].unique()
+        assert not flags[real:].any()
+    assert rel_err(out, experts_ref(x, w_gate, w_up, w_down, cu, rw)) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+
+
+@pytest.mark.skipif(not GLUON, reason="the Gluon kernels need an sm90 GPU and a Triton with Gluon")
+def test_gluon_row_flag_wait_falls_back_to_the_grid_wait():
+    """Flags that never fill (the fused GEMM launched without them): the down GEMM polls a bounded
+    number of times, then waits for the whole fused grid: the right result, no hang."""
+    from moonep_ops.kernels import gluon_grouped_gemm as gg
+
+    layout = SKEWED
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    act = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((layout.nvs, layout.k), float("nan"), dtype=torch.bfloat16, device="cuda")
+    flags = torch.zeros(gemm.num_row_tiles(layout.nvs, w_gate.shape[0], 128), dtype=torch.int32, device="cuda")
+    gg.launch(x, w_gate, cu, act, 132, w_up=w_up, route_weights=rw, zero_tail=False, pdl="primary", block_n=64,
+              stages=6)
+    gg.launch(act, w_down, cu, out, 132, pdl="dependent", flags=flags, flag_target=1, stages=5)
+    torch.cuda.synchronize()
+    assert not flags.any()
+    assert not torch.isnan(out).any()
+    assert rel_err(out, experts_ref(x, w_gate, w_up, w_down, cu, rw)) <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.skipif(not GLUON, reason="the Gluon kernels need an sm90 GPU and a Triton with Gluon")
+@pytest.mark.parametrize("stacked", [False, True], ids=["pingpong", "coop_stacked"])
+def test_experts_op_row_flag_route(monkeypatch, stacked):
+    """The op's route with a table that asks for the handoff: no host sync, and a CUDA graph
+    replayed with fresh routing (the flags are zeroed inside the graph, per replay)."""
+    import dataclasses
+
+    from moonep_ops.kernels import configs as cfgs
+    from moonep_ops.kernels import gluon_grouped_gemm as gg
+
+    table = cfgs.gluon_gemm_config
+
+    def with_flags(n, k, num_rows, fused):
+        cfg = table(n, k, num_rows, fused)
+        if fused:
+            cfg = (dataclasses.replace(cfg, row_flags=True, pingpong=False, block_n=128, stages=4, stacked=True)
+                   if stacked else dataclasses.replace(cfg, row_flags=True, pingpong=True, block_n=64, stages=6))
+        return cfg
+
+    monkeypatch.setattr(cfgs, "gluon_gemm_config", with_flags)
+    monkeypatch.setattr(gg, "_PAIRS", {})
+    monkeypatch.setattr(gg, "_PLANS", {})
+    layout = SKEWED
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    launched = []
+    real_pair = gg.run_gluon_pair
+    monkeypatch.setattr(gg, "run_gluon_pair", lambda *a: launched.append(real_pair(*a)) or launched[-1])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert launched == [True], launched
+    assert rel_err(out, experts_ref(x, w_gate, w_up, w_down, cu, rw)) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+    static_out = torch.empty_like(out)
+    graph, _ = _capture(lambda *t: moonep_ops.moonep_experts(*t[:6], out=t[6]), x, w_gate, w_up, w_down, cu, rw,
+                        static_out)
+    for seed in range(5):
+        torch.manual_seed(100 + seed)
+        _copy_into((x, w_gate, w_up, w_down, cu, rw), experts_inputs(layout, torch.bfloat16, "cuda"))
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not torch.isnan(static_out).any()
+        assert rel_err(static_out, experts_ref(x, w_gate, w_up, w_down, cu, rw)) <= TOLERANCE[torch.bfloat16]
