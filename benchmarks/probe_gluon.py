@@ -10,17 +10,13 @@ fastest Gluon fused + Gluon down, paired with PDL as the op pairs them.
 All timed as CUDA graphs, interleaved (:func:`benchmarks.probe.time_interleaved`).
 Results: ``benchmarks/results/probe_gluon_h200*.json``.
 
-``--ab row_flags`` (twelfth session): whole-path pairs with the committed configs, with and without
-the fused GEMM's stacked gate/up tiles and the row-tile handoff (:func:`probe_row_flags`).
-
 ``--ab tail_pdl`` (eleventh session) instead compares, with the committed Gluon configs: the down
 GEMM with its tail zeroed by the producer warp (spread over its loads) or by the consumers after
 their real items; and the whole ``experts`` op with and without programmatic dependent launch
 (``MOONEP_OPS_NO_PDL``), against the explicit pair as the tenth session ran it (no PDL, tail by
 the consumers).
 
-Usage: python -m benchmarks.probe_gluon [--shapes 0,1,2,3,4,5] [--paddings 128,1] [--ab tail_pdl|row_flags]
-    [--out f.json]
+Usage: python -m benchmarks.probe_gluon [--shapes 0,1,2,3,4,5] [--paddings 128,1] [--ab tail_pdl] [--out f.json]
 """
 
 import argparse
@@ -35,8 +31,7 @@ import moonep_ops
 
 from moonep_ops.kernels import configs
 from moonep_ops.kernels import gluon_grouped_gemm as gg
-from moonep_ops.kernels.triton_grouped_gemm import (_num_sms, launch_grouped_gemm, launch_grouped_gemm_silu_mul,
-                                                   num_row_tiles)
+from moonep_ops.kernels.triton_grouped_gemm import _num_sms, launch_grouped_gemm, launch_grouped_gemm_silu_mul
 
 from .probe import committed, time_interleaved
 from .run import environment
@@ -191,35 +186,6 @@ def probe_tail_pdl(shape, padding, args) -> dict:
     return row
 
 
-def probe_row_flags(shape, padding, args) -> dict:
-    """Whole-path pairs with the committed Gluon configs (PDL as the op pairs them): as committed,
-    with the fused GEMM's gate/up tiles stacked, with the row-tile handoff (a zeroed flag per row
-    tile each call, as :func:`run_gluon_pair` does), and both; plus the ``experts`` op itself."""
-    (x, wg, wu, wd, cu, rw, sizes), act, out, sms, (cf, cd), row = _setup(shape, padding)
-    live = sum(sizes)
-    row.update(fused_config=cf, down_config=cd)
-    gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, **cf)
-    ref = reference(act, wd, sizes)
-    tiles = num_row_tiles(x.shape[0], wg.shape[0], cf["block_m"])
-
-    def pair(stacked, flags):
-        fcfg = {**cf, "stacked": stacked, "row_flags": flags}
-        target = gg.flag_target(configs.GluonConfig(**fcfg), shape.inter)
-
-        def run():
-            fl = torch.zeros(tiles, dtype=torch.int32, device="cuda") if flags else None
-            gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, pdl="primary", flags=fl,
-                      **fcfg)
-            gg.launch(act, wd, cu, out, sms, pdl="dependent", flags=fl, flag_target=target, **cd)
-        return run
-
-    paths = {"experts_op": lambda: moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out),
-             "pair": pair(False, False), "pair_stacked": pair(True, False), "pair_flags": pair(False, True),
-             "pair_stacked_flags": pair(True, True)}
-    _check_and_time(paths, out, live, ref, args, row, "path")
-    return row
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="0,1,2,3,4,5")
@@ -227,10 +193,10 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--no-time", dest="time", action="store_false")
-    parser.add_argument("--ab", default="", choices=["", "tail_pdl", "row_flags"])
+    parser.add_argument("--ab", default="", choices=["", "tail_pdl"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    probe = {"tail_pdl": probe_tail_pdl, "row_flags": probe_row_flags}.get(args.ab, probe_shape)
+    probe = probe_tail_pdl if args.ab == "tail_pdl" else probe_shape
     results = []
     for padding in [int(p) for p in args.paddings.split(",")]:
         for idx in [int(i) for i in args.shapes.split(",")]:

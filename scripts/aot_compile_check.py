@@ -205,25 +205,6 @@ def run_gluon_candidates(dtype) -> None:
                                   route_weights=torch.empty(rows, dtype=torch.float32) if fused else None, **cfg)
 
 
-def run_gluon_row_flag_pairs(dtype) -> None:
-    """The experts op's pair with the row-tile handoff (the fused kernel signals, the down waits),
-    ping-pong and cooperative."""
-    from moonep_ops.kernels import gluon_grouped_gemm
-
-    rows, h, i, g = 4096, 2048, 768, 8
-    cu = torch.linspace(rows // (2 * g), rows // 2, g).to(torch.int32)
-    for fused_cfg, down_cfg in ((dict(block_n=64, stages=6, row_flags=True), dict(stages=5)),
-                                (dict(pingpong=False, stages=4, stacked=True, row_flags=True),
-                                 dict(pingpong=False, stages=6))):
-        x, act = _empty(rows, h, dtype=dtype), _empty(rows, i, dtype=dtype)
-        flags = torch.zeros(rows // 128 + g, dtype=torch.int32)
-        w = _empty(g, i, h, dtype=dtype)
-        gluon_grouped_gemm.launch(x, w, cu, act, 4, w_up=w, route_weights=torch.empty(rows, dtype=torch.float32),
-                                  zero_tail=False, pdl="primary", flags=flags, **fused_cfg)
-        gluon_grouped_gemm.launch(act, _empty(g, h, i, dtype=dtype), cu, _empty(rows, h, dtype=dtype), 4,
-                                  pdl="dependent", flags=flags, flag_target=1536, **down_cfg)
-
-
 def check_target(arch: int, dtypes, portable: bool) -> list:
     capability = (arch // 10, arch % 10)
     compiler = Compiler(GPUTarget("cuda", arch, 32))
@@ -235,7 +216,6 @@ def check_target(arch: int, dtypes, portable: bool) -> list:
             for dtype in dtypes:
                 if dtype != torch.float32:
                     run_gluon_candidates(dtype)
-                    run_gluon_row_flag_pairs(dtype)
     records = list(compiler.variants.values())
     for r in records:
         r["portable"] = portable

@@ -38,9 +38,6 @@ class GluonConfig:
     consumer_regs: int = 232
     tail_by_producer: bool = True  # the producer warp zeroes the tail, spread over its loads
     stacked: bool = False  # fused: gate and up tiles stacked, one wgmma of 2 * block_n columns (a probe candidate)
-    # fused, in the experts op: per-row-tile flags let the down GEMM start on finished row tiles of
-    # act (gluon_grouped_gemm.run_gluon_pair) instead of waiting for the whole fused grid
-    row_flags: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

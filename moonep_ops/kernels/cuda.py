@@ -169,13 +169,7 @@ def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> Non
     # first weight loads and wait for ``act``. Only when the fused kernel does launch (I > 0), so
     # that it is the kernel right before it (NvS = 0 launches neither).
     pdl = pdl_allowed() and w_gate.shape[1] > 0
-    rw = _dense(route_weights)
-    # Both on the Gluon kernel with a config that asks for it: the row-tile handoff (the down GEMM
-    # starts on finished row tiles of act; gluon_grouped_gemm.run_gluon_pair).
-    if pdl and _gluon_wanted(capability_of(x), x.dtype) and _gluon_module().run_gluon_pair(
-            x, w_gate, w_up, w_down, rw, cu, act, out, _gluon_fused, _gluon_plain):
-        return
-    _run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, pdl="primary" if pdl else "")
+    _run_fused(x, w_gate, w_up, _dense(route_weights), cu, act, zero_tail=False, pdl="primary" if pdl else "")
     _run_plain(act, w_down, cu, out, pdl="dependent" if pdl else "")
 
 

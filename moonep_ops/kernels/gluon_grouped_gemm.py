@@ -90,66 +90,6 @@ def _gdc_launch_dependents():
 
 
 @gluon.jit
-def _signal_row_tile(flag_ptr):
-    """Row-tile handoff, writer side (``SIGNAL_ROWS``): every thread of the consumer adds 1 to the
-    tile's flag with release semantics, after waiting for its own bulk (TMA) stores to complete
-    (``wait_group`` without ``.read``: written, not only read from shared memory) and ordering
-    them, async proxy, before its generic release. Its masked stores are its own generic writes."""
-    gl.inline_asm_elementwise(
-        "cp.async.bulk.wait_group 0; fence.proxy.async.global; red.release.gpu.global.add.s32 [$1], 1; "
-        "mov.u32 $0, 0;", "=r,l", [flag_ptr], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _acquire(flag_ptr):
-    """A flag read with acquire semantics (gpu scope)."""
-    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [flag_ptr], dtype=gl.int32,
-                                     is_pure=False, pack=1)
-
-
-@gluon.jit
-def _nanosleep():
-    gl.inline_asm_elementwise("nanosleep.u32 128; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _fence_async_global():
-    """Generic-proxy reads (the flag) before the async proxy's (TMA loads of ``a``)."""
-    gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _wait_row_tile(flag_ptr, target, waited, MAX_POLLS: gl.constexpr):
-    """Row-tile handoff, reader side (``WAIT_ROWS``): wait until the row tile's flag reaches
-    ``target``, polling at most ``MAX_POLLS`` times; past that, fall back to ``griddepcontrol.wait``
-    (the whole prior grid done), so that a flag that never fills costs time, never a hang. Returns
-    ``waited`` (1 once the grid-wide wait ran: then no flag needs reading any more)."""
-    if waited == 0:
-        got = _acquire(flag_ptr)
-        polls = 0
-        while (got < target) & (polls < MAX_POLLS):
-            _nanosleep()
-            got = _acquire(flag_ptr)
-            polls += 1
-        if got < target:
-            _gdc_wait()
-            waited = 1
-        _fence_async_global()
-    return waited
-
-
-@gluon.jit
-def _row_tile(item, n_tiles, excl, incl, GROUP_MAJOR: gl.constexpr):
-    """Index of ``item``'s row tile among all real row tiles (the same in both kernels of a pair:
-    same ``cu_seqlens`` and ``BLOCK_M``)."""
-    if GROUP_MAJOR:
-        return excl + (item - excl * n_tiles) % gl.maximum(incl - excl, 1)
-    else:
-        return item // n_tiles
-
-
-@gluon.jit
 def _zero_chunk(z_desc, z_buf, c, tail_lo, n_tiles):
     """Zero chunk ``c`` of the tail: ``ZROWS`` rows from ``tail_lo``, one column tile (TMA clips it
     at NvS and N)."""
@@ -173,18 +113,16 @@ def _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, k0, FUSED: gl
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, flag_ptr, G,
-              NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr,
-              FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr, WAIT_PRIOR: gl.constexpr, STACK: gl.constexpr,
-              WAIT_ROWS: gl.constexpr, MAX_POLLS: gl.constexpr):
+def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G, NUM_ROWS, N,
+              K, real_items, live_end, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
+              WAIT_PRIOR: gl.constexpr, STACK: gl.constexpr):
     """TMA loads into the ring, item after item. With ``TAIL_BY_PRODUCER`` it also zeroes this
     program's share of the tail rows, by TMA stores of a zeroed ``ZROWS x BLOCK_N`` buffer spread
     evenly over its loads: the tail's writes overlap the GEMM instead of forming a write-only
     phase at the end. With ``WAIT_PRIOR`` (launched as a programmatic dependent of the kernel that
     writes ``a``) the first item's weight loads are issued before ``griddepcontrol.wait``, its
-    ``a`` loads after. With ``WAIT_ROWS`` as well, it waits per item for the row tile's flag
-    instead (:func:`_wait_row_tile`): the prior kernel signals each row tile of ``a`` it finished."""
+    ``a`` loads after."""
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
     k_iters = gl.cdiv(K, BLOCK_K)
@@ -206,9 +144,7 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
                 mbarrier.expect(ready.index(kk), nbytes)
                 _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, kk, g * N + pid_n0 * BLOCK_N, kk * BLOCK_K,
                               FUSED, STACK)
-        if not WAIT_ROWS:
-            _gdc_wait()
-    waited = 0
+        _gdc_wait()
     if TAIL_BY_PRODUCER:
         ZROWS: gl.constexpr = z_desc.block_type.shape[0]
         zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [1, 1], [1, 0])
@@ -224,9 +160,6 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
         g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
         row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
         w_row = g * N + pid_n * BLOCK_N
-        if WAIT_ROWS:
-            waited = _wait_row_tile(flag_ptr + _row_tile(item, n_tiles, excl, incl, GROUP_MAJOR), FLAG_TARGET,
-                                    waited, MAX_POLLS)
         for kk in range(k_iters):
             s = cnt % STAGES
             if cnt >= pre:
@@ -270,21 +203,18 @@ def _store_tile(acc, o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, str
 
 
 @gluon.jit
-def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, flag_ptr,
-              G, NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles,
+def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS,
+              N, K, stride_om, real_items, live_end, tail_items, n_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
               GROUP_MAJOR: gl.constexpr, ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
-              STACK: gl.constexpr, SIGNAL_ROWS: gl.constexpr, PARITY: gl.constexpr, CONSUMERS: gl.constexpr,
-              WARPS: gl.constexpr):
+              STACK: gl.constexpr, PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ``PARITY`` of ``CONSUMERS``: the program's local items ``i = PARITY (mod CONSUMERS)``.
 
     One consumer (``CONSUMERS == 1``, ``WARPS == 8``): both warpgroups share each tile, 64 rows
     each. Two (ping-pong, ``WARPS == 4`` each): a warpgroup owns a whole tile; the producer fills
     the ring in item order, so one warpgroup's main loop runs while the other one's epilogue does.
     ``ZERO_TAIL`` here: the consumers zero the tail rows after their real items (the kernel's
-    ``TAIL_BY_PRODUCER`` gives that job to the producer instead). ``SIGNAL_ROWS``: each stored
-    tile bumps its row tile's flag (:func:`_signal_row_tile`), one item late, at the wait that
-    already precedes the next store, so that no store is waited for early.
+    ``TAIL_BY_PRODUCER`` gives that job to the producer instead).
     The main loops also take turns explicitly (``turn``): a consumer waits for the other one's
     main loop to end before waiting on its own first stage. Without that, a consumer could wait
     on a stage a whole lap of the ring ahead, and a parity wait cannot tell that lap from the
@@ -305,7 +235,6 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_d
     incl = 0
     start = 0
     end = 0
-    pending = -1  # the row tile of the last stored tile, not yet signalled (SIGNAL_ROWS)
     for i in range(PARITY, n_local, CONSUMERS):
         if CONSUMERS == 2:
             # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
@@ -356,14 +285,7 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_d
                 rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
                 rmask = (rows >= 0) & (rows < gl.minimum(end, NUM_ROWS))
                 acc = acc * gl.load(rw_ptr + rows, mask=rmask, other=0.0)[:, None]
-        if SIGNAL_ROWS:
-            if pending >= 0:
-                _signal_row_tile(flag_ptr + pending)
-            pending = _row_tile(item, n_tiles, excl, incl, GROUP_MAJOR)
         _store_tile(acc, o_buf, o_desc, out_ptr, row_lo, pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, WARPS)
-    if SIGNAL_ROWS:
-        if pending >= 0:
-            _signal_row_tile(flag_ptr + pending)
 
     if ZERO_TAIL:
         # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
@@ -379,14 +301,13 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_d
 
 
 @gluon.jit
-def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_ptr, cu_ptr, flag_ptr, G, NUM_ROWS,
-                            N, K, stride_om, FLAG_TARGET, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS, N, K,
+                            stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                             STAGES: gl.constexpr, BLOCK_G: gl.constexpr, GROUP_MAJOR: gl.constexpr,
                             ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
                             PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
                             LAUNCH_DEPENDENTS: gl.constexpr, WAIT_PRIOR: gl.constexpr, STACKED: gl.constexpr,
-                            SIGNAL_ROWS: gl.constexpr, WAIT_ROWS: gl.constexpr, MAX_POLLS: gl.constexpr,
                             num_warps: gl.constexpr):
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
@@ -441,29 +362,27 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
     # (Argument lists written out: constexprs inside a tuple variable reach a partition as tensors.)
     if PINGPONG:
         gl.warp_specialize([
-            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr,
-                         flag_ptr, G, NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M,
-                         BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK, SIGNAL_ROWS,
+            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
+                         NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
+                         BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
                          0, 2, num_warps)),
-            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr,
-                         flag_ptr, G, NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M,
-                         BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK, SIGNAL_ROWS,
+            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
+                         NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
+                         BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
                          1, 2, num_warps)),
-            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr,
-                         flag_ptr, G, NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, BLOCK_M, BLOCK_N,
-                         BLOCK_K, STAGES, GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK, WAIT_ROWS,
-                         MAX_POLLS)),
+            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
+                         NUM_ROWS, N, K, real_items, live_end, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
+                         GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK)),
         ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr,
-                         flag_ptr, G, NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M,
-                         BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK, SIGNAL_ROWS,
+            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
+                         NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
+                         BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
                          0, 1, num_warps)),
-            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr,
-                         flag_ptr, G, NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, BLOCK_M, BLOCK_N,
-                         BLOCK_K, STAGES, GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK, WAIT_ROWS,
-                         MAX_POLLS)),
+            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
+                         NUM_ROWS, N, K, real_items, live_end, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
+                         GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -489,38 +408,21 @@ def descriptors(a, w, u, out, block_m: int, block_n: int, block_k: int):
 
 
 def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, zero_tail: bool, descs,
-                 pdl: str = "", flags=None, flag_target: int = 0) -> dict:
-    """Every kernel argument by name (unused pointers point at ``a`` or ``cu_seqlens``). ``pdl``:
-    "primary" (the next kernel may launch early), "dependent" (launched early behind the kernel
-    that writes ``a``; the launch itself needs ``launch_pdl=True``) or "". ``flags`` (int32, one
-    per row tile, zeroed): the row-tile handoff of a pair, signalled by the primary, waited for
-    by the dependent until each reaches ``flag_target`` (see :func:`run_gluon_pair`)."""
+                 pdl: str = "") -> dict:
+    """Every kernel argument by name (unused pointers point at ``a``). ``pdl``: "primary" (the next
+    kernel may launch early), "dependent" (launched early behind the kernel that writes ``a``; the
+    launch itself needs ``launch_pdl=True``) or ""."""
     g, n, k = w.shape
     return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], z_desc=descs[4], out_ptr=out,
-                rw_ptr=a if route_weights is None else route_weights, cu_ptr=cu_seqlens,
-                flag_ptr=cu_seqlens if flags is None else flags, G=g,
-                NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0), FLAG_TARGET=flag_target,
+                rw_ptr=a if route_weights is None else route_weights, cu_ptr=cu_seqlens, G=g,
+                NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
                 BLOCK_G=max(16, min(1024, triton.next_power_of_2(g))), GROUP_MAJOR=cfg.group_major,
                 ZERO_TAIL=zero_tail, FUSED=w_up is not None, HAS_WEIGHTS=route_weights is not None,
                 PINGPONG=cfg.pingpong,
                 PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
                 TAIL_BY_PRODUCER=cfg.tail_by_producer, LAUNCH_DEPENDENTS=pdl == "primary",
-                WAIT_PRIOR=pdl == "dependent", STACKED=cfg.stacked,
-                SIGNAL_ROWS=flags is not None and pdl == "primary", WAIT_ROWS=flags is not None and pdl == "dependent",
-                MAX_POLLS=MAX_POLLS, num_warps=4 if cfg.pingpong else 8)
-
-
-# Polls of a row tile's flag (about 0.1-0.3 us apart) before the dependent falls back to the
-# grid-wide wait: far longer than a legitimate wait (one or two of the primary's items), short
-# enough that a flag that never fills costs a few milliseconds once, never a hang.
-MAX_POLLS = 16384
-
-
-def flag_target(cfg: GluonConfig, n: int) -> int:
-    """A row tile's flag when the primary (config ``cfg``, ``n`` output columns) stored all of it:
-    each of its column tiles adds one per consumer thread."""
-    return triton.cdiv(n, cfg.block_n) * 32 * (4 if cfg.pingpong else 8)
+                WAIT_PRIOR=pdl == "dependent", STACKED=cfg.stacked, num_warps=4 if cfg.pingpong else 8)
 
 
 def _fast_descriptor(base, shape, strides, block_shape, layout):
@@ -535,22 +437,21 @@ _PLANS: dict = {}
 
 
 def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail: bool = True,
-                   pdl: str = "", flags=None, flag_target: int = 0) -> bool:
+                   pdl: str = "") -> bool:
     """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
     SwiGLU GEMM. ``choose(a, w, w_up, out) -> GluonConfig | None`` (None: these operands are not
     for this kernel, e.g. TMA cannot address them) runs once per static signature; returns
     whether the kernel ran (or had nothing to do). The first call per signature compiles and
     launches through Triton's JIT and keeps the compiled kernel; later calls launch it directly
     (:mod:`.fast_launch`), with descriptors rebuilt from the cached geometry. ``pdl``: see
-    :func:`_kernel_args` (a "dependent" launch must directly follow the kernel that writes ``a``);
-    ``flags``, ``flag_target``: the row-tile handoff of :func:`run_gluon_pair`."""
+    :func:`_kernel_args` (a "dependent" launch must directly follow the kernel that writes ``a``)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return True
     u = w if w_up is None else w_up
     rw = a if route_weights is None else route_weights
     key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), out.stride(), a.dtype, a.device, w_up is None,
            route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16, rw.data_ptr() % 16,
-           out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, zero_tail, pdl, flags is None, flag_target)
+           out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, zero_tail, pdl)
     entry = _PLANS.get(key)
     if entry is False:
         return False
@@ -562,8 +463,7 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
             _PLANS[key] = False
             return False
         descs = descriptors(a, w, u, out, cfg.block_m, cfg.block_n, cfg.block_k)
-        kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl, flags,
-                              flag_target)
+        kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl)
         items = triton_grouped_gemm.num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1],
                                                                                                    cfg.block_n)
         grid = (max(1, min(_num_programs(a.device), items)), )
@@ -576,51 +476,14 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
         return True
     kernel, grid, geos, constexprs = entry
     descs = [_fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out, out), geos)]
-    fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, cu_seqlens if flags is None else flags,
-                                               *_runtime_ints(a, w, out), flag_target, *constexprs])
+    fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, *_runtime_ints(a, w, out),
+                                               *constexprs])
     return True
 
 
 def _runtime_ints(a, w, out):
     g, n, k = w.shape
     return g, a.shape[0], n, k, out.stride(0)
-
-
-_PAIRS: dict = {}
-
-
-def run_gluon_pair(x, w_gate, w_up, w_down, route_weights, cu_seqlens, act, out, choose_fused, choose_down) -> bool:
-    """The ``experts`` op's two GEMMs with the row-tile handoff, when both run on this kernel and
-    the fused config asks for it (``GluonConfig.row_flags``); else False, having launched nothing.
-
-    The fused GEMM (programmatic primary) bumps a flag per row tile of ``act`` as its tiles are
-    stored; the down GEMM (programmatic dependent) starts on any row tile whose flag is full,
-    instead of waiting for the whole fused grid: its programs fill the SMs that the fused GEMM's
-    last wave leaves idle. The flags are zeroed per call (a memset ahead of the fused GEMM, in
-    stream order, so in a graph too): no state outlives the call."""
-    rw = x if route_weights is None else route_weights
-    key = (x.shape, x.stride(), w_gate.shape, w_gate.stride(), w_up.stride(), w_down.shape, w_down.stride(),
-           act.stride(), out.stride(), x.dtype, x.device, route_weights is None,
-           tuple(t.data_ptr() % 16 for t in (x, w_gate, w_up, w_down, rw, cu_seqlens, act, out)),
-           choose_fused, choose_down)
-    plan = _PAIRS.get(key)
-    if plan is None:
-        plan = False
-        if x.shape[0] > 0 and w_gate.shape[1] > 0 and w_down.shape[1] > 0:
-            cf, cd = choose_fused(x, w_gate, w_up, act), choose_down(act, w_down, None, out)
-            if cf is not None and cd is not None and cf.row_flags and cf.block_m == cd.block_m:
-                plan = (triton_grouped_gemm.num_row_tiles(x.shape[0], w_gate.shape[0], cf.block_m),
-                        flag_target(cf, w_gate.shape[1]))
-        _PAIRS[key] = plan
-    if plan is False:
-        return False
-    flags = torch.zeros(plan[0], dtype=torch.int32, device=x.device)
-    ran = run_gluon_gemm(x, w_gate, w_up, route_weights, cu_seqlens, act, choose_fused, zero_tail=False,
-                         pdl="primary", flags=flags)
-    ran = ran and run_gluon_gemm(act, w_down, None, None, cu_seqlens, out, choose_down, pdl="dependent",
-                                 flags=flags, flag_target=plan[1])
-    assert ran, "run_gluon_pair: a config the pair's plan accepted was refused"  # same choose, same key
-    return True
 
 
 def _num_programs(device: torch.device) -> int:
@@ -631,12 +494,10 @@ def _num_programs(device: torch.device) -> int:
 
 
 def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=None, zero_tail=True, pdl="",
-           flags=None, flag_target=0, **cfg):
-    """Launch with an explicit config (probes, tests): ``cfg`` are :class:`GluonConfig` fields;
-    ``flags``/``flag_target`` as in :func:`_kernel_args`."""
+           **cfg):
+    """Launch with an explicit config (probes, tests): ``cfg`` are :class:`GluonConfig` fields."""
     config = GluonConfig(**cfg)
     u = w if w_up is None else w_up
     descs = descriptors(a, w, u, out, config.block_m, config.block_n, config.block_k)
-    kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl, flags,
-                          flag_target)
+    kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl)
     return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))
