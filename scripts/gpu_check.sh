@@ -17,6 +17,8 @@
 #             named; PROBE_SHAPES picks shapes), then Nsight Compute on the committed kernels (NCU=0: skip)
 #   gluon:    the Gluon kernels against the Triton ones per GEMM and whole path (benchmarks.probe_gluon;
 #             only when named; PROBE_SHAPES, PADDINGS, GLUON_AB=tail_pdl as in that module)
+#   power:    power draw, SM clock and per-call time, cool and sustained (benchmarks.power; only
+#             when named; PROBE_SHAPES picks shapes)
 #   dram:     DRAM rates (benchmarks.dram_layout: reads in the kernels' strided TMA boxes vs
 #             contiguous ones, plain loads, a copy, writes alone; only when named)
 #   PYTEST_K / FUZZ_K: a pytest -k filter for the tests/portable steps / the fuzz step (a re-run
@@ -115,6 +117,12 @@ if [[ "$steps" == *" gluon "* ]]; then
     ${PROBE_SHAPES:+--shapes $PROBE_SHAPES} ${GLUON_AB:+--ab $GLUON_AB} --out "$OUT/probe_gluon.json" 2>&1 | tee "$OUT/probe_gluon.log" | grep -v "tail zero True" | tail -n 60
   rc=${PIPESTATUS[0]}
   echo "probe_gluon rc=$rc" | tee -a "$OUT/summary.txt"
+  [ "$rc" -eq 0 ] || status=1
+fi
+if [[ "$steps" == *" power "* ]]; then
+  timeout ${POWER_TIMEOUT:-240} python3 -m benchmarks.power --shapes ${PROBE_SHAPES:-0,1,2,3,4,5} --out "$OUT/power.json" 2>&1 | tee "$OUT/power.log"
+  rc=${PIPESTATUS[0]}
+  echo "power rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 fi
 if [[ "$steps" == *" dram "* ]]; then

@@ -1,0 +1,162 @@
+"""Power, SM clock and per-call time of the expert paths under sustained load.
+
+Why the compute-heavy shapes stop below 0.8 of the floor (issue 6): the benchmark's medians come
+from a warm GPU, and a first replay on a cool one is faster. Per shape and path: the GPU idles
+``--idle`` seconds, then a CUDA graph of one call is replayed back to back for ``--seconds``
+(CUDA events between replays, one host sync at the end) while ``nvidia-smi`` samples power draw,
+SM clock, temperature and the active clock-event reasons every 50 ms. Reported: the per-call
+time of the first replays (cool) and the median over the last half of the window (sustained),
+mean power and SM clock over that half, and the clock-event reasons seen in it. First, the same
+for a dense bf16 ``torch.mm`` (8192^3) and a 4 GiB copy: the ceilings under the same load.
+
+Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
+    [--seconds 4] [--idle 3] [--out power.json]
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+
+import torch
+
+from .paths import PATHS
+from .run import capture_graph, environment, floor_us
+from .shapes import SHAPES, build_problem
+
+FIELDS = ("power.draw", "clocks.sm", "temperature.gpu", "clocks_event_reasons.active")
+
+
+def _query(fields, extra=()) -> list[str]:
+    cmd = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()
+
+
+class Sampler:
+    """``nvidia-smi`` every 50 ms in the background; samples stamped with host time on arrival."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
+                                      "-lms", "50"], stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.samples = []
+        import threading
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) != len(FIELDS):
+                continue
+            try:
+                self.samples.append((time.time(), float(parts[0]), float(parts[1]), float(parts[2]), parts[3]))
+            except ValueError:
+                continue
+
+    def window(self, t0, t1):
+        return [s for s in self.samples if t0 <= s[0] <= t1]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def sustained(fn, seconds: float, sampler: Sampler) -> dict:
+    graph = capture_graph(fn)
+    graph.replay()
+    torch.cuda.synchronize()
+    one = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    one[0].record()
+    graph.replay()
+    one[1].record()
+    one[1].synchronize()
+    reps = max(20, int(seconds * 1e3 / max(one[0].elapsed_time(one[1]), 1e-3)))
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    t0 = time.time()
+    events[0].record()
+    for i in range(reps):
+        graph.replay()
+        events[i + 1].record()
+    events[-1].synchronize()
+    t1 = time.time()
+    us = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(reps)]
+    half = (t0 + t1) / 2
+    window = sampler.window(half, t1)
+    reasons = sorted({s[4] for s in window})
+    return {"reps": reps, "first_us": statistics.median(us[:5]), "sustained_us": statistics.median(us[reps // 2:]),
+            "seconds": t1 - t0, "power_w": statistics.mean(s[1] for s in window) if window else None,
+            "sm_mhz": statistics.mean(s[2] for s in window) if window else None,
+            "temp_c": max(s[3] for s in window) if window else None, "clock_event_reasons": reasons,
+            "samples": len(window)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shapes", default="1,4")
+    parser.add_argument("--paths", default="vllm,moonep")
+    parser.add_argument("--padding", type=int, default=128)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--idle", type=float, default=3.0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    limits = _query(("power.limit", "power.max_limit", "clocks.max.sm", "clocks.applications.graphics"))
+    env = {**environment(), "power_limit_w,max_limit_w,max_sm_mhz,app_sm_mhz": limits}
+    print(f"# {env}", flush=True)
+    sampler = Sampler()
+    rows = []
+    try:
+        # The ceilings under the same load: a dense bf16 matmul (the kind of work the floor's 757
+        # TFLOP/s prices) and a 4 GiB copy, sustained like the paths.
+        n = 8192
+        a, b, c = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        time.sleep(args.idle)
+        r = sustained(lambda: torch.mm(a, b, out=c), args.seconds, sampler)
+        r.update(shape=f"torch.mm {n}^3 bf16", path="cublas", tflops_first=2 * n ** 3 / r["first_us"] / 1e6,
+                 tflops_sustained=2 * n ** 3 / r["sustained_us"] / 1e6)
+        rows.append(r)
+        print(f"{r['shape']:<28} {'cublas':<18} first {r['tflops_first']:6.0f} TFLOP/s  sustained "
+              f"{r['tflops_sustained']:6.0f} TFLOP/s  {r['power_w'] or 0:5.0f} W  {r['sm_mhz'] or 0:5.0f} MHz  "
+              f"reasons {r['clock_event_reasons']}", flush=True)
+        del a, b, c
+        src = torch.randn(2 ** 30, device="cuda")
+        dst = torch.empty_like(src)
+        time.sleep(args.idle)
+        r = sustained(lambda: dst.copy_(src), args.seconds, sampler)
+        r.update(shape="copy 4 GiB fp32", path="copy", tbps_first=2 * src.nbytes / r["first_us"] / 1e6,
+                 tbps_sustained=2 * src.nbytes / r["sustained_us"] / 1e6)
+        rows.append(r)
+        print(f"{r['shape']:<28} {'copy':<18} first {r['tbps_first']:6.2f} TB/s  sustained {r['tbps_sustained']:6.2f} "
+              f"TB/s  {r['power_w'] or 0:5.0f} W  {r['sm_mhz'] or 0:5.0f} MHz  reasons {r['clock_event_reasons']}",
+              flush=True)
+        del src, dst
+        torch.cuda.empty_cache()
+        for idx in args.shapes.split(","):
+            if not idx.strip():
+                continue
+            shape = SHAPES[int(idx)]
+            x, wg, wu, wd, cu, rw, sizes = build_problem(shape, args.padding)
+            floor = floor_us(sizes, shape)[0]
+            out = torch.empty(x.shape[0], shape.hidden, device="cuda", dtype=torch.bfloat16)
+            for name in args.paths.split(","):
+                fn = PATHS[name]
+                time.sleep(args.idle)
+                r = sustained(lambda: fn(x, wg, wu, wd, cu, rw, out), args.seconds, sampler)
+                r.update(shape=shape.name, padding=args.padding, path=name, floor_us=floor,
+                         eff_first=floor / r["first_us"], eff_sustained=floor / r["sustained_us"])
+                rows.append(r)
+                print(f"{shape.name:<28} {name:<18} first {r['first_us']:8.1f} us (eff {r['eff_first']:.2f})  "
+                      f"sustained {r['sustained_us']:8.1f} us (eff {r['eff_sustained']:.2f})  "
+                      f"{r['power_w'] or 0:5.0f} W  {r['sm_mhz'] or 0:5.0f} MHz  {r['temp_c']} C  "
+                      f"reasons {r['clock_event_reasons']}", flush=True)
+            del x, wg, wu, wd, out
+            torch.cuda.empty_cache()
+    finally:
+        sampler.stop()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": env, "method": __doc__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
