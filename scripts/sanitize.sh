@@ -8,7 +8,9 @@
 #      SANITIZE_CASES_ARGS (extra arguments for sanitize_cases.py, e.g. "--device cpu" for a dry run).
 # Exits non-zero if a tool reports any error ("ERROR SUMMARY: N errors" or racecheck's
 # "(E errors, ...)" with N, E > 0, or no summary at all: a crashed run is not a clean one), or
-# if a case failed its numerics check or did not run (scripts/sanitize_cases.py).
+# if a case failed its numerics check or did not run (scripts/sanitize_cases.py). Excepted:
+# racecheck reports that lie wholly in Triton's warp-specialization handshake, when a control
+# kernel with no moonep code reproduces them (scripts/racecheck_triage.py, racecheck_control.py).
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 dir="$OUT/sanitize"
@@ -37,7 +39,7 @@ for tool in $tools; do
   log="$dir/$tool.log"
   t0=$(date +%s)
   # The sanitizer report goes to $log; the cases' own output (one line per case) to $tool.cases.log.
-  "$san" --tool "$tool" --log-file "$log" --print-limit 100 --error-exitcode 99 \
+  "$san" --tool "$tool" --log-file "$log" --print-limit 1000 --error-exitcode 99 \
     python3 scripts/sanitize_cases.py ${SANITIZE_CASES_ARGS:-} > "$dir/$tool.cases.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
@@ -48,10 +50,23 @@ for tool in $tools; do
   warnings=$(grep -Eo "RACECHECK SUMMARY: .*" "$log" | grep -Eo "[0-9]+ warning" | grep -Eo "[0-9]+" | awk '{s += $1} END {print s + 0}')
   cases=$(grep -E "^SANITIZE_CASES" "$dir/$tool.cases.log" || echo "SANITIZE_CASES missing (crashed?)")
   line="$tool: rc=$rc errors=$errors racecheck_warnings=$warnings (${secs}s) $cases"
+  tolerated=0
+  if [ "$tool" = racecheck ] && [ "$errors" -ne 0 ] && [ -n "$summaries" ]; then
+    # Reports in Triton's warp-specialization handshake (not our code; reproduced by a control
+    # kernel with no moonep code) are tolerated when they are all there is: scripts/racecheck_triage.py.
+    "$san" --tool racecheck --log-file "$dir/racecheck_control.log" --print-limit 1000 \
+      python3 scripts/racecheck_control.py > "$dir/racecheck_control.cases.log" 2>&1
+    triage=$(python3 scripts/racecheck_triage.py "$log" --control "$dir/racecheck_control.log")
+    triage_rc=$?
+    line="$line; $triage"
+    if [ "$triage_rc" -eq 0 ] && [[ "$cases" == *" failed=0"* ]] && [ "$rc" -eq 99 ]; then
+      tolerated=1
+    fi
+  fi
   if [ -z "$summaries" ]; then
     line="$line; no ERROR SUMMARY in $log"
     status=1
-  elif [ "$errors" -ne 0 ] || [ "$rc" -ne 0 ]; then
+  elif [ "$tolerated" -eq 0 ] && { [ "$errors" -ne 0 ] || [ "$rc" -ne 0 ]; }; then
     status=1
   fi
   echo "$line" | tee -a "$dir/summary.txt"
