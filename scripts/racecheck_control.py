@@ -1,15 +1,33 @@
 """A control for compute-sanitizer's racecheck on Gluon kernels: the smallest warp-specialized
-kernel (a default partition and one worker warp, each storing to its own global rows, no shared
-memory of its own, no mbarriers). Hazards racecheck reports here come from how Triton lowers
-``gl.warp_specialize`` (the partitions' state and captured arguments passed through shared
-memory between named-barrier rounds), not from moonep_ops' kernels.
+kernels, with no moonep code (each partition stores to its own global rows; no shared memory of
+their own, no mbarriers). Hazards racecheck reports here come from how Triton lowers
+``gl.warp_specialize`` (each worker warp's partition index, and the captured arguments, passed
+through shared memory between named-barrier rounds), not from moonep_ops' kernels.
 
-Usage on an sm90 GPU: compute-sanitizer --tool racecheck python3 scripts/racecheck_control.py
+Variants (twelfth session, H200, Triton 3.6.0, compute-sanitizer 2025.3.1):
+- ``simple``: one worker partition (1 warp), no prologue: 0 hazards.
+- ``like_ours`` (default): a cross-warp sum before ``warp_specialize`` whose result the partitions
+  capture, and two worker partitions (4 warps and 1), as the moonep Gluon GEMM has: racecheck
+  reports the worker warps' read of their partition index (after ``barrier.sync 1``) against the
+  default warps' writes of it (before the same barrier), i.e. hazards on accesses that named
+  barrier orders. In SASS the difference from ``simple`` is a ``BAR.SYNC 0x0, 0x80`` (the sum's
+  barrier, over the default warps only) before the handshake: our working guess is that
+  racecheck's barrier bookkeeping does not follow a partial barrier 0 (not yet settled).
+- ``prologue`` / ``two_workers``: one of the two ingredients each, to settle which one it takes.
+
+Usage on an sm90 GPU:
+    compute-sanitizer --tool racecheck python3 scripts/racecheck_control.py [variant]
 """
+
+import sys
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+
+VARIANTS = {"simple": (False, False), "prologue": (True, False), "two_workers": (False, True),
+            "like_ours": (True, True)}
+ROW = 288  # output ints per program: 128 (default) + 32 (1-warp worker) + 128 (4-warp worker)
 
 
 @gluon.jit
@@ -34,37 +52,35 @@ def _worker4(out_ptr, n, base):
 
 
 @gluon.jit
-def _ws_control(out_ptr, n, vec_ptr, LIKE_OURS: gl.constexpr):
-    """``LIKE_OURS``: as the moonep kernel's prologue and partitions are: a cross-warp sum (shared
-    memory scratch) whose result the partitions capture, and two worker partitions (4 warps, 1)."""
-    if LIKE_OURS:
+def _ws_control(out_ptr, n, vec_ptr, PROLOGUE: gl.constexpr, TWO_WORKERS: gl.constexpr):
+    base = gl.program_id(0) * 288
+    if PROLOGUE:  # a cross-warp sum (shared-memory scratch, a barrier over the 4 default warps)
         scan: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        total = gl.sum(gl.load(vec_ptr + gl.arange(0, 128, layout=scan)), 0)
-        base = gl.program_id(0) * 288
-        gl.warp_specialize([(_default, (out_ptr, total, base)), (_worker4, (out_ptr, total, base)),
-                            (_worker, (out_ptr, total, base))], [4, 1], [232, 40])
+        value = gl.sum(gl.load(vec_ptr + gl.arange(0, 128, layout=scan)), 0)
     else:
-        base = gl.program_id(0) * 160
-        gl.warp_specialize([(_default, (out_ptr, n, base)), (_worker, (out_ptr, n, base))], [1], [40])
+        value = n
+    if TWO_WORKERS:
+        gl.warp_specialize([(_default, (out_ptr, value, base)), (_worker4, (out_ptr, value, base)),
+                            (_worker, (out_ptr, value, base))], [4, 1], [232, 40])
+    else:
+        gl.warp_specialize([(_default, (out_ptr, value, base)), (_worker, (out_ptr, value, base))], [1], [40])
 
 
-def main():
+def main(argv) -> int:
+    variant = argv[0] if argv else "like_ours"
+    prologue, two_workers = VARIANTS[variant]
     progs, n = 8, 7
     vec = torch.ones(128, dtype=torch.int32, device="cuda")
-    out = torch.full((progs * 160, ), -1, dtype=torch.int32, device="cuda")
-    _ws_control[(progs, )](out, n, vec, LIKE_OURS=False, num_warps=4)
+    out = torch.full((progs * ROW, ), -1, dtype=torch.int32, device="cuda")
+    _ws_control[(progs, )](out, n, vec, PROLOGUE=prologue, TWO_WORKERS=two_workers, num_warps=4)
     torch.cuda.synchronize()
-    per = torch.cat([torch.arange(128) + n, torch.arange(32) * 2 + n]).to(torch.int32)
-    ok = torch.equal(out.cpu(), per.repeat(progs))
-    out = torch.full((progs * 288, ), -1, dtype=torch.int32, device="cuda")
-    _ws_control[(progs, )](out, n, vec, LIKE_OURS=True, num_warps=4)
-    torch.cuda.synchronize()
-    t = 128
-    per = torch.cat([torch.arange(128) + t, torch.arange(32) * 2 + t, torch.arange(128) * 3 + t]).to(torch.int32)
-    ok = ok and torch.equal(out.cpu(), per.repeat(progs))
-    print("racecheck control:", "ok" if ok else "WRONG RESULT")
+    v = 128 if prologue else n
+    parts = [torch.arange(128) + v, torch.arange(32) * 2 + v,
+             torch.arange(128) * 3 + v if two_workers else torch.full((128, ), -1)]
+    ok = torch.equal(out.cpu(), torch.cat(parts).to(torch.int32).repeat(progs))
+    print(f"racecheck control [{variant}]:", "ok" if ok else "WRONG RESULT")
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -30,7 +30,7 @@ DEF = _line_of(GEMM, r"^def _ws_grouped_gemm_kernel\(")
 IF_WS = _line_of(GEMM, r"^    if PINGPONG:$")
 CONSUMER = _line_of(GEMM, r"mbarrier\.wait\(ready\.index\(s\)")  # a line of our own code
 CONTROL_DEF = _line_of(CONTROL, r"^def _ws_control\(")
-CONTROL_IF = _line_of(CONTROL, r"^    if LIKE_OURS:$")
+CONTROL_IF = _line_of(CONTROL, r"^    if TWO_WORKERS:$")
 
 
 def _report(kernel, file, first, *others):
