@@ -6,7 +6,8 @@ from a warm GPU, and a first replay on a cool one is faster. Per shape and path:
 (CUDA events between replays, one host sync at the end) while ``nvidia-smi`` samples power draw,
 SM clock, temperature and the active clock-event reasons every 50 ms. Reported: the per-call
 time of the first replays (cool) and the median over the last half of the window (sustained),
-mean power and SM clock over that half, and the clock-event reasons seen in it. First, the same
+mean power and SM clock over that half, the board's energy per call there (power x time), and
+the clock-event reasons seen in it. First, the same
 for a dense bf16 ``torch.mm`` (8192^3) and a 4 GiB copy: the ceilings under the same load.
 
 Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
@@ -17,6 +18,7 @@ import argparse
 import json
 import statistics
 import subprocess
+import threading
 import time
 
 import torch
@@ -40,7 +42,6 @@ class Sampler:
         self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
                                       "-lms", "50"], stdout=subprocess.PIPE, text=True, bufsize=1)
         self.samples = []
-        import threading
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -84,8 +85,12 @@ def sustained(fn, seconds: float, sampler: Sampler) -> dict:
     half = (t0 + t1) / 2
     window = sampler.window(half, t1)
     reasons = sorted({s[4] for s in window})
-    return {"reps": reps, "first_us": statistics.median(us[:5]), "sustained_us": statistics.median(us[reps // 2:]),
-            "seconds": t1 - t0, "power_w": statistics.mean(s[1] for s in window) if window else None,
+    power = statistics.mean(s[1] for s in window) if window else None
+    sustained_us = statistics.median(us[reps // 2:])
+    return {"reps": reps, "first_us": statistics.median(us[:5]), "sustained_us": sustained_us,
+            # board energy per call at the sustained rate: what decides speed under the power cap
+            "joules_per_call": power * sustained_us * 1e-6 if power else None,
+            "seconds": t1 - t0, "power_w": power,
             "sm_mhz": statistics.mean(s[2] for s in window) if window else None,
             "temp_c": max(s[3] for s in window) if window else None, "clock_event_reasons": reasons,
             "samples": len(window)}
@@ -147,7 +152,8 @@ def main(argv=None):
                 rows.append(r)
                 print(f"{shape.name:<28} {name:<18} first {r['first_us']:8.1f} us (eff {r['eff_first']:.2f})  "
                       f"sustained {r['sustained_us']:8.1f} us (eff {r['eff_sustained']:.2f})  "
-                      f"{r['power_w'] or 0:5.0f} W  {r['sm_mhz'] or 0:5.0f} MHz  {r['temp_c']} C  "
+                      f"{r['power_w'] or 0:5.0f} W  {(r['joules_per_call'] or 0) * 1e3:6.1f} mJ/call  "
+                      f"{r['sm_mhz'] or 0:5.0f} MHz  {r['temp_c']} C  "
                       f"reasons {r['clock_event_reasons']}", flush=True)
             del x, wg, wu, wd, out
             torch.cuda.empty_cache()
