@@ -59,6 +59,13 @@ for tool in $tools; do
     triage=$(python3 scripts/racecheck_triage.py "$log" --control "$dir/racecheck_control.log")
     triage_rc=$?
     line="$line; $triage"
+    # Diagnostics, never fatal: which ingredient of the control draws the reports.
+    for variant in simple prologue two_workers; do
+      "$san" --tool racecheck --log-file "$dir/racecheck_control_$variant.log" \
+        python3 scripts/racecheck_control.py "$variant" > /dev/null 2>&1
+      echo "racecheck control [$variant]: $(grep -Eo "RACECHECK SUMMARY: .*" "$dir/racecheck_control_$variant.log")" \
+        | tee -a "$dir/summary.txt"
+    done
     if [ "$triage_rc" -eq 0 ] && [[ "$cases" == *" failed=0"* ]] && [ "$rc" -eq 99 ]; then
       tolerated=1
     fi
