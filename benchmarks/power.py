@@ -27,7 +27,19 @@ from .paths import PATHS
 from .run import capture_graph, environment, floor_us
 from .shapes import SHAPES, build_problem
 
-FIELDS = ("power.draw", "clocks.sm", "temperature.gpu", "clocks_event_reasons.active")
+# power.draw.instant where the driver has it: power.draw is a one-second average on Hopper.
+POWER_FIELDS = ("power.draw.instant", "power.draw")
+OTHER_FIELDS = ("clocks.sm", "temperature.gpu", "clocks_event_reasons.active")
+
+
+def _gpu_selector() -> list[str]:
+    """``-i <PCI bus id>`` of the current CUDA device (nvidia-smi's numbering can differ from
+    CUDA's), or nothing when torch does not expose the bus id."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    try:
+        return ["-i", f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"]
+    except AttributeError:
+        return []
 
 
 def _query(fields, extra=()) -> list[str]:
@@ -35,12 +47,29 @@ def _query(fields, extra=()) -> list[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()
 
 
+def _fields(select) -> tuple[tuple, list]:
+    """(the first power field this driver answers with a number, then the others; the GPU
+    selector that worked: ``select``, else none, for a single-GPU machine)."""
+    for sel in (select, []) if select else ([], ):
+        for power in POWER_FIELDS:
+            try:
+                out = _query((power, *OTHER_FIELDS), sel)
+                if len(out) != 1:
+                    continue  # several GPUs answered: samples would mix them
+                float(out[0].split(",")[0])
+                return (power, *OTHER_FIELDS), sel
+            except (subprocess.CalledProcessError, ValueError, IndexError):
+                continue
+    raise RuntimeError(f"nvidia-smi answers none of {POWER_FIELDS} with {OTHER_FIELDS} for one GPU here")
+
+
 class Sampler:
     """``nvidia-smi`` every 50 ms in the background; samples stamped with host time on arrival."""
 
-    def __init__(self):
-        self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
-                                      "-lms", "50"], stdout=subprocess.PIPE, text=True, bufsize=1)
+    def __init__(self, fields, select):
+        self.fields = fields
+        self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                                      "-lms", "50", *select], stdout=subprocess.PIPE, text=True, bufsize=1)
         self.samples = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -48,7 +77,7 @@ class Sampler:
     def _read(self):
         for line in self.proc.stdout:
             parts = [p.strip() for p in line.split(",")]
-            if len(parts) != len(FIELDS):
+            if len(parts) != len(self.fields):
                 continue
             try:
                 self.samples.append((time.time(), float(parts[0]), float(parts[1]), float(parts[2]), parts[3]))
@@ -82,8 +111,13 @@ def sustained(fn, seconds: float, sampler: Sampler) -> dict:
     events[-1].synchronize()
     t1 = time.time()
     us = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(reps)]
+    # The replays run back to back from about t0 to t1, so the second half of the wall time and
+    # the second half of the replays (the sustained median) are about the same stretch.
     half = (t0 + t1) / 2
     window = sampler.window(half, t1)
+    if not window:
+        alive = sampler.proc.poll() is None
+        print(f"# power: no nvidia-smi samples in the window (sampler {'running' if alive else 'exited'})", flush=True)
     reasons = sorted({s[4] for s in window})
     power = statistics.mean(s[1] for s in window) if window else None
     sustained_us = statistics.median(us[reps // 2:])
@@ -96,6 +130,10 @@ def sustained(fn, seconds: float, sampler: Sampler) -> dict:
             "samples": len(window)}
 
 
+def _num(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", default="1,4")
@@ -105,11 +143,20 @@ def main(argv=None):
     parser.add_argument("--idle", type=float, default=3.0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    limits = _query(("power.limit", "power.max_limit", "clocks.max.sm", "clocks.applications.graphics"))
-    env = {**environment(), "power_limit_w,max_limit_w,max_sm_mhz,app_sm_mhz": limits}
+    fields, select = _fields(_gpu_selector())
+    limits = _query(("power.limit", "power.max_limit", "clocks.max.sm", "clocks.applications.graphics"), select)
+    env = {**environment(), "power_limit_w,max_limit_w,max_sm_mhz,app_sm_mhz": limits, "sampled": fields,
+           "nvidia_smi_select": select}
     print(f"# {env}", flush=True)
-    sampler = Sampler()
+    sampler = Sampler(fields, select)
     rows = []
+
+    def record(r):  # written after every row: a run cut by a timeout keeps what it measured
+        rows.append(r)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"env": env, "method": __doc__, "rows": rows}, f, indent=1)
+
     try:
         # The ceilings under the same load: a dense bf16 matmul (the kind of work the floor's 757
         # TFLOP/s prices) and a 4 GiB copy, sustained like the paths.
@@ -119,9 +166,9 @@ def main(argv=None):
         r = sustained(lambda: torch.mm(a, b, out=c), args.seconds, sampler)
         r.update(shape=f"torch.mm {n}^3 bf16", path="cublas", tflops_first=2 * n ** 3 / r["first_us"] / 1e6,
                  tflops_sustained=2 * n ** 3 / r["sustained_us"] / 1e6)
-        rows.append(r)
+        record(r)
         print(f"{r['shape']:<28} {'cublas':<18} first {r['tflops_first']:6.0f} TFLOP/s  sustained "
-              f"{r['tflops_sustained']:6.0f} TFLOP/s  {r['power_w'] or 0:5.0f} W  {r['sm_mhz'] or 0:5.0f} MHz  "
+              f"{r['tflops_sustained']:6.0f} TFLOP/s  {_num(r['power_w'], '5.0f')} W  {_num(r['sm_mhz'], '5.0f')} MHz  "
               f"reasons {r['clock_event_reasons']}", flush=True)
         del a, b, c
         src = torch.randn(2 ** 30, device="cuda")
@@ -130,9 +177,9 @@ def main(argv=None):
         r = sustained(lambda: dst.copy_(src), args.seconds, sampler)
         r.update(shape="copy 4 GiB fp32", path="copy", tbps_first=2 * src.nbytes / r["first_us"] / 1e6,
                  tbps_sustained=2 * src.nbytes / r["sustained_us"] / 1e6)
-        rows.append(r)
+        record(r)
         print(f"{r['shape']:<28} {'copy':<18} first {r['tbps_first']:6.2f} TB/s  sustained {r['tbps_sustained']:6.2f} "
-              f"TB/s  {r['power_w'] or 0:5.0f} W  {r['sm_mhz'] or 0:5.0f} MHz  reasons {r['clock_event_reasons']}",
+              f"TB/s  {_num(r['power_w'], '5.0f')} W  {_num(r['sm_mhz'], '5.0f')} MHz  reasons {r['clock_event_reasons']}",
               flush=True)
         del src, dst
         torch.cuda.empty_cache()
@@ -149,19 +196,17 @@ def main(argv=None):
                 r = sustained(lambda: fn(x, wg, wu, wd, cu, rw, out), args.seconds, sampler)
                 r.update(shape=shape.name, padding=args.padding, path=name, floor_us=floor,
                          eff_first=floor / r["first_us"], eff_sustained=floor / r["sustained_us"])
-                rows.append(r)
+                record(r)
                 print(f"{shape.name:<28} {name:<18} first {r['first_us']:8.1f} us (eff {r['eff_first']:.2f})  "
                       f"sustained {r['sustained_us']:8.1f} us (eff {r['eff_sustained']:.2f})  "
-                      f"{r['power_w'] or 0:5.0f} W  {(r['joules_per_call'] or 0) * 1e3:6.1f} mJ/call  "
-                      f"{r['sm_mhz'] or 0:5.0f} MHz  {r['temp_c']} C  "
+                      f"{_num(r['power_w'], '5.0f')} W  "
+                      f"{_num(r['joules_per_call'] and r['joules_per_call'] * 1e3, '6.1f')} mJ/call  "
+                      f"{_num(r['sm_mhz'], '5.0f')} MHz  {r['temp_c']} C  "
                       f"reasons {r['clock_event_reasons']}", flush=True)
             del x, wg, wu, wd, out
             torch.cuda.empty_cache()
     finally:
         sampler.stop()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"env": env, "method": __doc__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ if want portable; then
     -k "not long_replay${PYTEST_K:+ and ($PYTEST_K)}" tests
 fi
 if want sanitize; then
-  bash scripts/sanitize.sh 2>&1 | tail -n 8
+  bash scripts/sanitize.sh 2>&1 | tail -n 16
   rc=${PIPESTATUS[0]}
   echo "sanitize rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1

@@ -51,6 +51,7 @@ for tool in $tools; do
   cases=$(grep -E "^SANITIZE_CASES" "$dir/$tool.cases.log" || echo "SANITIZE_CASES missing (crashed?)")
   line="$tool: rc=$rc errors=$errors racecheck_warnings=$warnings (${secs}s) $cases"
   tolerated=0
+  diagnostics=""
   if [ "$tool" = racecheck ] && [ "$errors" -ne 0 ] && [ -n "$summaries" ]; then
     # Reports in Triton's warp-specialization handshake (not our code; reproduced by a control
     # kernel with no moonep code) are tolerated when they are all there is: scripts/racecheck_triage.py.
@@ -59,12 +60,12 @@ for tool in $tools; do
     triage=$(python3 scripts/racecheck_triage.py "$log" --control "$dir/racecheck_control.log")
     triage_rc=$?
     line="$line; $triage"
-    # Diagnostics, never fatal: which ingredient of the control draws the reports.
+    # Diagnostics, never fatal, printed after the verdict: which ingredient of the control draws
+    # the reports.
     for variant in simple prologue two_workers; do
       "$san" --tool racecheck --log-file "$dir/racecheck_control_$variant.log" \
         python3 scripts/racecheck_control.py "$variant" > /dev/null 2>&1
-      echo "racecheck control [$variant]: $(grep -Eo "RACECHECK SUMMARY: .*" "$dir/racecheck_control_$variant.log")" \
-        | tee -a "$dir/summary.txt"
+      diagnostics+="racecheck control [$variant]: $(grep -Eo "RACECHECK SUMMARY: .*" "$dir/racecheck_control_$variant.log")"$'\n'
     done
     if [ "$triage_rc" -eq 0 ] && [[ "$cases" == *" failed=0"* ]] && [ "$rc" -eq 99 ]; then
       tolerated=1
@@ -77,6 +78,9 @@ for tool in $tools; do
     status=1
   fi
   echo "$line" | tee -a "$dir/summary.txt"
+  if [ "$tool" = racecheck ] && [ -n "${diagnostics:-}" ]; then
+    printf '%s' "$diagnostics" | tee -a "$dir/summary.txt"
+  fi
   # The first reported error, for the summary (the full report is in $log).
   if [ "$errors" != 0 ]; then
     grep -m 1 -A 12 -E "^========= (Invalid|Error|Race|Barrier|Uninitialized)" "$log" | tee -a "$dir/summary.txt"

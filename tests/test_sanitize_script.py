@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 def _sanitize(tmp_path, **env):
     python_dir = str(pathlib.Path(sys.executable).parent)
-    run_env = {**os.environ, "OUT": str(tmp_path), "COMPUTE_SANITIZER": str(FAKE),
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("SANITIZE_", "FAKE_"))}
+    run_env = {**inherited, "OUT": str(tmp_path), "COMPUTE_SANITIZER": str(FAKE),
                "PATH": python_dir + os.pathsep + os.environ.get("PATH", ""), **env}
     proc = subprocess.run(["bash", "scripts/sanitize.sh"], cwd=ROOT, env=run_env, capture_output=True, text=True,
                           timeout=300)
@@ -38,3 +39,9 @@ def test_a_report_in_our_code_fails(tmp_path):
     assert rc == 1, summary
     assert "0 report(s) in Triton's warp-specialization handshake, 1 elsewhere" in summary
     assert "sanitize status=1" in summary
+
+
+def test_handshake_reports_with_a_failed_case_fail(tmp_path):
+    rc, summary = _sanitize(tmp_path, FAKE_CASES_LINE="SANITIZE_CASES ran=2 failed=1")
+    assert rc == 1, summary
+    assert "-> ok" in summary  # the triage alone would pass; the failed case does not

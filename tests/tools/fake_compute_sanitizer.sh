@@ -4,7 +4,8 @@
 # racecheck of the cases reports one hazard between the Gluon GEMM's def line and
 # FAKE_SECOND_LINE (default: the line of the `if` around its warp_specialize; "ours": a line of
 # the consumer's own code); the control reports the handshake pattern in its like_ours and
-# prologue variants. FAKE_CASES=1 runs the cases script (on CPU), else a one-line stand-in.
+# prologue variants. FAKE_CASES=1 runs the cases script (on CPU), else a one-line stand-in
+# (FAKE_CASES_LINE, default "SANITIZE_CASES ran=1 failed=0").
 if [ "$1" = "--version" ]; then echo "fake sanitizer"; echo "Version 0"; exit 0; fi
 tool=""; log=""; args=()
 while [ $# -gt 0 ]; do
@@ -25,7 +26,7 @@ CIF=$(grep -n "^    if TWO_WORKERS:$" scripts/racecheck_control.py | cut -d: -f1
 second=${FAKE_SECOND_LINE:-$IFWS}
 [ "$second" = ours ] && second=$OURS
 run_cases() {
-  if [ "${FAKE_CASES:-0}" = 1 ]; then "${args[@]}"; else echo "SANITIZE_CASES ran=1 failed=0"; fi
+  if [ "${FAKE_CASES:-0}" = 1 ]; then "${args[@]}"; else echo "${FAKE_CASES_LINE:-SANITIZE_CASES ran=1 failed=0}"; fi
 }
 if [ "$tool" = memcheck ]; then
   run_cases; rc=$?
