@@ -37,9 +37,11 @@ from .probe import committed, time_interleaved
 from .run import environment
 from .shapes import SHAPES, build_problem
 
-# BLOCK_K 128 (eleventh session, not yet timed): twice the bytes per TMA box, for the memory-bound
-# shapes (benchmarks/results/dram_layout_h200.json: strided 128x64 boxes stream at 3.8 TB/s,
-# 128x128 ones at 4.5), at three stages (what fits next to the epilogue buffers).
+# BLOCK_K 128 (eleventh session): twice the bytes per TMA box, for the memory-bound shapes
+# (benchmarks/results/dram_layout_h200.json: strided 128x64 boxes stream at 3.8 TB/s, 128x128
+# ones at 4.5), at three stages (what fits next to the epilogue buffers). Timed in the twelfth
+# session on kimi-k2 S=1024 and qwen3 S=2048 (probe_gluon_h200_candidates.json): +4 to +21%, as
+# is the 256-column down GEMM (+3%).
 DOWN = {
     "pp_s5": dict(stages=5),
     "coop_n128_s6": dict(pingpong=False, stages=6),
@@ -51,7 +53,7 @@ FUSED = {
     "pp_n64_s5": dict(block_n=64, stages=5),
     "pp_n64_k128_s3": dict(block_n=64, block_k=128, stages=3),
     # gate and up tiles stacked in one buffer: one wgmma of 2 * block_n columns per `a` slice
-    # (eleventh session, not yet timed)
+    # (eleventh session; twelfth: about -1% on those two fused GEMMs, noise on the whole path)
     "pp_n64_s6_stacked": dict(block_n=64, stages=6, stacked=True),
     "coop_n128_s4_stacked": dict(pingpong=False, stages=4, stacked=True),
     "coop_n128_s4": dict(pingpong=False, stages=4),
