@@ -10,12 +10,23 @@ mean power and SM clock over that half, the board's energy per call there (power
 the clock-event reasons seen in it. First, the same
 for a dense bf16 ``torch.mm`` (8192^3) and a 4 GiB copy: the ceilings under the same load.
 
+``--ab stacked`` instead compares candidates under the same sustained load, the GPU hot
+throughout: the experts op's Gluon pair with the committed configs, and with the fused GEMM's
+gate/up tiles stacked (one 64x256 wgmma per warpgroup: fewer shared-memory reads, so perhaps
+less energy per FLOP). Per round (shuffled order) each candidate replays back to back for
+``--seconds``; reported per candidate: the median over rounds of its slots' median per-call time
+(the first tenth of each slot skipped), and the board power, energy per call and SM clock over
+its slots. Results are checked against the first candidate before timing.
+
 Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
     [--seconds 4] [--idle 3] [--out power.json]
+       python -m benchmarks.power --ab stacked [--shapes 1,4] [--rounds 5] [--seconds 1]
 """
 
 import argparse
+import dataclasses
 import json
+import random
 import statistics
 import subprocess
 import threading
@@ -130,6 +141,111 @@ def sustained(fn, seconds: float, sampler: Sampler) -> dict:
             "samples": len(window)}
 
 
+def _slot(graph, seconds: float, est_us: float, sampler: Sampler) -> dict:
+    """One candidate's slot: back-to-back replays for about ``seconds``; the first tenth skipped."""
+    reps = max(20, int(seconds * 1e6 / max(est_us, 1.0)))
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    t0 = time.time()
+    events[0].record()
+    for i in range(reps):
+        graph.replay()
+        events[i + 1].record()
+    events[-1].synchronize()
+    t1 = time.time()
+    us = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(reps)]
+    window = sampler.window(t0 + (t1 - t0) / 10, t1)
+    return {"us": statistics.median(us[reps // 10:]), "power": [w[1] for w in window], "mhz": [w[2] for w in window]}
+
+
+def sustained_ab(fns: dict, rounds: int, seconds: float, sampler: Sampler) -> dict:
+    """name -> sustained per-call time (median over rounds), power, energy per call, SM clock;
+    candidates interleaved in shuffled order, after one slot of heating."""
+    graphs = {name: capture_graph(fn) for name, fn in fns.items()}
+    est = {}
+    for name, graph in graphs.items():
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        est[name] = start.elapsed_time(end) * 1e3
+    first = next(iter(graphs))
+    _slot(graphs[first], seconds, est[first], sampler)  # heat the board before the first round
+    slots = {name: [] for name in graphs}
+    for r in range(rounds):
+        order = list(graphs)
+        random.Random(r).shuffle(order)
+        for name in order:
+            slots[name].append(_slot(graphs[name], seconds, est[name], sampler))
+    out = {}
+    for name, v in slots.items():
+        us = statistics.median(s["us"] for s in v)
+        power = [p for s in v for p in s["power"]]
+        mhz = [m for s in v for m in s["mhz"]]
+        watts = statistics.mean(power) if power else None
+        out[name] = {"us": us, "rounds_us": [s["us"] for s in v], "power_w": watts,
+                     "joules_per_call": watts * us * 1e-6 if watts else None,
+                     "sm_mhz": statistics.mean(mhz) if mhz else None}
+    return out
+
+
+def stacked_candidates(shape, padding) -> tuple[dict, torch.Tensor, int, float]:
+    """The experts op's Gluon pair (committed configs, PDL as the op pairs them) and the same with
+    the fused GEMM's gate/up tiles stacked; the output buffer, its live rows and the floor."""
+    from moonep_ops.kernels import configs
+    from moonep_ops.kernels import gluon_grouped_gemm as gg
+    from moonep_ops.kernels.triton_grouped_gemm import _num_sms
+
+    x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
+    nvs = x.shape[0]
+    act = torch.empty(nvs, shape.inter, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(nvs, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    cf = dataclasses.asdict(configs.gluon_gemm_config(shape.inter, shape.hidden, nvs, fused=True))
+    cd = dataclasses.asdict(configs.gluon_gemm_config(shape.hidden, shape.inter, nvs, fused=False))
+    sms = _num_sms(torch.cuda.current_device())
+
+    def pair(fused_cfg):
+        def run():
+            gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, pdl="primary", **fused_cfg)
+            gg.launch(act, wd, cu, out, sms, pdl="dependent", **cd)
+        return run
+
+    return ({"pair": pair(cf), "pair_stacked": pair({**cf, "stacked": True})}, out, sum(sizes),
+            floor_us(sizes, shape)[0])
+
+
+def run_ab(args, sampler, record) -> None:
+    for idx in args.shapes.split(","):
+        if not idx.strip():
+            continue
+        shape = SHAPES[int(idx)]
+        fns, out, live, floor = stacked_candidates(shape, args.padding)
+        ref, ok = None, {}
+        for name, fn in fns.items():  # every candidate checked against the first before timing
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = out[:live].float().clone()
+            err = float((out[:live].float() - ref).norm() / ref.norm())
+            tail_zero = bool((out[live:] == 0).all())
+            if err <= 1e-2 and tail_zero and not torch.isnan(out[:live]).any():
+                ok[name] = fn
+            print(f"{shape.name:<28} {name:<14} rel err vs first {err:.1e}  tail zero {tail_zero}", flush=True)
+        time.sleep(args.idle)
+        for name, r in sustained_ab(ok, args.rounds, args.seconds, sampler).items():
+            r.update(shape=shape.name, padding=args.padding, path=name, floor_us=floor, eff=floor / r["us"])
+            record(r)
+            print(f"{shape.name:<28} {name:<14} sustained {r['us']:8.1f} us (eff {r['eff']:.2f})  "
+                  f"rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}  {_num(r['power_w'], '5.0f')} W  "
+                  f"{_num(r['joules_per_call'] and r['joules_per_call'] * 1e3, '6.1f')} mJ/call  "
+                  f"{_num(r['sm_mhz'], '5.0f')} MHz", flush=True)
+        del fns, out, ref
+        torch.cuda.empty_cache()
+
+
 def _num(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -142,6 +258,8 @@ def main(argv=None):
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--idle", type=float, default=3.0)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--ab", default="", choices=["", "stacked"])
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     fields, select = _fields(_gpu_selector())
     limits = _query(("power.limit", "power.max_limit", "clocks.max.sm", "clocks.applications.graphics"), select)
@@ -158,6 +276,9 @@ def main(argv=None):
                 json.dump({"env": env, "method": __doc__, "rows": rows}, f, indent=1)
 
     try:
+        if args.ab:
+            run_ab(args, sampler, record)
+            return
         # The ceilings under the same load: a dense bf16 matmul (the kind of work the floor's 757
         # TFLOP/s prices) and a 4 GiB copy, sustained like the paths.
         n = 8192
