@@ -103,16 +103,22 @@ class Sampler:
         self.proc.wait()
 
 
-def sustained(fn, seconds: float, sampler: Sampler) -> dict:
-    graph = capture_graph(fn)
+def _one_replay_us(graph) -> float:
+    """One replay's time after a warm one: the estimate that sizes a stretch of replays."""
     graph.replay()
     torch.cuda.synchronize()
-    one = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    one[0].record()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     graph.replay()
-    one[1].record()
-    one[1].synchronize()
-    reps = max(20, int(seconds * 1e3 / max(one[0].elapsed_time(one[1]), 1e-3)))
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def _back_to_back(graph, seconds: float, est_us: float) -> tuple[list, float, float]:
+    """(per-replay µs, host start, host end) of back-to-back replays for about ``seconds``: CUDA
+    events between them, one host sync at the end."""
+    reps = max(20, int(seconds * 1e6 / max(est_us, 1.0)))
     events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
     t0 = time.time()
     events[0].record()
@@ -121,7 +127,13 @@ def sustained(fn, seconds: float, sampler: Sampler) -> dict:
         events[i + 1].record()
     events[-1].synchronize()
     t1 = time.time()
-    us = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(reps)]
+    return [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(reps)], t0, t1
+
+
+def sustained(fn, seconds: float, sampler: Sampler) -> dict:
+    graph = capture_graph(fn)
+    us, t0, t1 = _back_to_back(graph, seconds, _one_replay_us(graph))
+    reps = len(us)
     # The replays run back to back from about t0 to t1, so the second half of the wall time and
     # the second half of the replays (the sustained median) are about the same stretch.
     half = (t0 + t1) / 2
@@ -143,34 +155,16 @@ def sustained(fn, seconds: float, sampler: Sampler) -> dict:
 
 def _slot(graph, seconds: float, est_us: float, sampler: Sampler) -> dict:
     """One candidate's slot: back-to-back replays for about ``seconds``; the first tenth skipped."""
-    reps = max(20, int(seconds * 1e6 / max(est_us, 1.0)))
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
-    t0 = time.time()
-    events[0].record()
-    for i in range(reps):
-        graph.replay()
-        events[i + 1].record()
-    events[-1].synchronize()
-    t1 = time.time()
-    us = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(reps)]
+    us, t0, t1 = _back_to_back(graph, seconds, est_us)
     window = sampler.window(t0 + (t1 - t0) / 10, t1)
-    return {"us": statistics.median(us[reps // 10:]), "power": [w[1] for w in window], "mhz": [w[2] for w in window]}
+    return {"us": statistics.median(us[len(us) // 10:]), "power": [w[1] for w in window], "mhz": [w[2] for w in window]}
 
 
 def sustained_ab(fns: dict, rounds: int, seconds: float, sampler: Sampler) -> dict:
     """name -> sustained per-call time (median over rounds), power, energy per call, SM clock;
     candidates interleaved in shuffled order, after one slot of heating."""
     graphs = {name: capture_graph(fn) for name, fn in fns.items()}
-    est = {}
-    for name, graph in graphs.items():
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        est[name] = start.elapsed_time(end) * 1e3
+    est = {name: _one_replay_us(graph) for name, graph in graphs.items()}
     first = next(iter(graphs))
     _slot(graphs[first], seconds, est[first], sampler)  # heat the board before the first round
     slots = {name: [] for name in graphs}
@@ -216,11 +210,12 @@ def stacked_candidates(shape, padding) -> tuple[dict, torch.Tensor, int, float]:
             floor_us(sizes, shape)[0])
 
 
+def _shapes(spec: str) -> list:
+    return [SHAPES[int(i)] for i in spec.split(",") if i.strip()]
+
+
 def run_ab(args, sampler, record) -> None:
-    for idx in args.shapes.split(","):
-        if not idx.strip():
-            continue
-        shape = SHAPES[int(idx)]
+    for shape in _shapes(args.shapes):
         fns, out, live, floor = stacked_candidates(shape, args.padding)
         ref, ok = None, {}
         for name, fn in fns.items():  # every candidate checked against the first before timing
@@ -304,10 +299,7 @@ def main(argv=None):
               flush=True)
         del src, dst
         torch.cuda.empty_cache()
-        for idx in args.shapes.split(","):
-            if not idx.strip():
-                continue
-            shape = SHAPES[int(idx)]
+        for shape in _shapes(args.shapes):
             x, wg, wu, wd, cu, rw, sizes = build_problem(shape, args.padding)
             floor = floor_us(sizes, shape)[0]
             out = torch.empty(x.shape[0], shape.hidden, device="cuda", dtype=torch.bfloat16)

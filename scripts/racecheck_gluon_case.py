@@ -7,7 +7,10 @@ Usage on an sm90 GPU:
 (a dict of GluonConfig fields, plus 'fused': True for the SwiGLU GEMM)
 """
 import ast
-import sys, torch
+import sys
+
+import torch
+
 from moonep_ops.kernels import gluon_grouped_gemm as gg
 cfg = dict(ast.literal_eval(sys.argv[1]))
 fused = cfg.pop("fused", False)
