@@ -12,6 +12,7 @@ import sys
 import torch
 
 from moonep_ops.kernels import gluon_grouped_gemm as gg
+
 cfg = dict(ast.literal_eval(sys.argv[1]))
 fused = cfg.pop("fused", False)
 torch.manual_seed(0)
