@@ -10,17 +10,19 @@ mean power and SM clock over that half, the board's energy per call there (power
 the clock-event reasons seen in it. First, the same
 for a dense bf16 ``torch.mm`` (8192^3) and a 4 GiB copy: the ceilings under the same load.
 
-``--ab stacked`` instead compares candidates under the same sustained load, the GPU hot
-throughout: the experts op's Gluon pair with the committed configs, and with the fused GEMM's
-gate/up tiles stacked (one 64x256 wgmma per warpgroup: fewer shared-memory reads, so perhaps
-less energy per FLOP). Per round (shuffled order) each candidate replays back to back for
+``--ab SET`` instead compares candidates under the same sustained load, the GPU hot
+throughout: the experts op's Gluon pair with the committed configs ("table") and with the
+overrides of ``AB_SETS[SET]`` ("stacked": the fused GEMM's gate/up tiles stacked, one 64x256
+wgmma per warpgroup, fewer shared-memory reads; "energy": that and other tile shapes of either
+GEMM). Under the power cap the board's energy per call decides the time, and that can rank
+candidates differently from a cool-board probe. Per round (shuffled order) each candidate replays back to back for
 ``--seconds``; reported per candidate: the median over rounds of its slots' median per-call time
 (the first tenth of each slot skipped), and the board power, energy per call and SM clock over
 its slots. Results are checked against the first candidate before timing.
 
 Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
     [--seconds 4] [--idle 3] [--out power.json]
-       python -m benchmarks.power --ab stacked [--shapes 1,4] [--rounds 5] [--seconds 1]
+       python -m benchmarks.power --ab {stacked,energy} [--shapes 1,4] [--rounds 5] [--seconds 1]
 """
 
 import argparse
@@ -185,9 +187,27 @@ def sustained_ab(fns: dict, rounds: int, seconds: float, sampler: Sampler) -> di
     return out
 
 
-def stacked_candidates(shape, padding) -> tuple[dict, torch.Tensor, int, float]:
-    """The experts op's Gluon pair (committed configs, PDL as the op pairs them) and the same with
-    the fused GEMM's gate/up tiles stacked; the output buffer, its live rows and the floor."""
+# Candidate sets of ``--ab``: name -> (fused GEMM overrides, down GEMM overrides) of the
+# committed Gluon configs. Cool-board probes (benchmarks/probe_gluon.py, short bursts) ranked
+# these by time; under the power cap what counts is energy per call, which can rank them
+# differently (a wider tile reads fewer L2 bytes per FLOP but fits fewer stages).
+AB_SETS = {
+    "stacked": {"stacked": ({"stacked": True}, {})},
+    "energy": {
+        "stacked": ({"stacked": True}, {}),
+        "fused_coop128": ({"block_n": 128, "stages": 4, "pingpong": False}, {}),
+        "fused_pp64": ({"block_n": 64, "stages": 6, "pingpong": True}, {}),
+        "down_coop256": ({}, {"block_n": 256, "stages": 3, "pingpong": False}),
+        "down_pp128": ({}, {"block_n": 128, "stages": 5, "pingpong": True}),
+        "down_coop128": ({}, {"block_n": 128, "stages": 6, "pingpong": False}),
+    },
+}
+
+
+def config_candidates(shape, padding, ab: str) -> tuple[dict, torch.Tensor, int, float]:
+    """The experts op's Gluon pair (PDL as the op pairs them) with the committed configs
+    ("table"), then each candidate of ``AB_SETS[ab]`` that differs from it; the output buffer,
+    its live rows and the floor."""
     from moonep_ops.kernels import configs
     from moonep_ops.kernels import gluon_grouped_gemm as gg
     from moonep_ops.kernels.triton_grouped_gemm import _num_sms
@@ -200,14 +220,19 @@ def stacked_candidates(shape, padding) -> tuple[dict, torch.Tensor, int, float]:
     cd = dataclasses.asdict(configs.gluon_gemm_config(shape.hidden, shape.inter, nvs, fused=False))
     sms = _num_sms(torch.cuda.current_device())
 
-    def pair(fused_cfg):
+    def pair(fused_cfg, down_cfg):
         def run():
             gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, pdl="primary", **fused_cfg)
-            gg.launch(act, wd, cu, out, sms, pdl="dependent", **cd)
+            gg.launch(act, wd, cu, out, sms, pdl="dependent", **down_cfg)
         return run
 
-    return ({"pair": pair(cf), "pair_stacked": pair({**cf, "stacked": True})}, out, sum(sizes),
-            floor_us(sizes, shape)[0])
+    fns, seen = {"table": pair(cf, cd)}, [(cf, cd)]
+    for name, (f_over, d_over) in AB_SETS[ab].items():
+        cfgs = ({**cf, **f_over}, {**cd, **d_over})
+        if cfgs not in seen:  # the table's own config under another name
+            seen.append(cfgs)
+            fns[name] = pair(*cfgs)
+    return fns, out, sum(sizes), floor_us(sizes, shape)[0]
 
 
 def _shapes(spec: str) -> list:
@@ -216,7 +241,7 @@ def _shapes(spec: str) -> list:
 
 def run_ab(args, sampler, record) -> None:
     for shape in _shapes(args.shapes):
-        fns, out, live, floor = stacked_candidates(shape, args.padding)
+        fns, out, live, floor = config_candidates(shape, args.padding, args.ab)
         ref, ok = None, {}
         for name, fn in fns.items():  # every candidate checked against the first before timing
             out.fill_(float("nan"))
@@ -253,7 +278,7 @@ def main(argv=None):
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--idle", type=float, default=3.0)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--ab", default="", choices=["", "stacked"])
+    parser.add_argument("--ab", default="", choices=["", *AB_SETS])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     fields, select = _fields(_gpu_selector())

@@ -18,7 +18,7 @@
 #   gluon:    the Gluon kernels against the Triton ones per GEMM and whole path (benchmarks.probe_gluon;
 #             only when named; PROBE_SHAPES, PADDINGS, GLUON_AB=tail_pdl as in that module)
 #   power:    power draw, SM clock and per-call time, cool and sustained (benchmarks.power; only
-#             when named; PROBE_SHAPES picks shapes, POWER_ARGS adds e.g. "--ab stacked --seconds 1")
+#             when named; PROBE_SHAPES picks shapes, POWER_ARGS adds e.g. "--ab energy --seconds 1")
 #   dram:     DRAM rates (benchmarks.dram_layout: reads in the kernels' strided TMA boxes vs
 #             contiguous ones, plain loads, a copy, writes alone; only when named)
 #   PYTEST_K / FUZZ_K: a pytest -k filter for the tests/portable steps / the fuzz step (a re-run
