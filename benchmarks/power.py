@@ -201,6 +201,15 @@ AB_SETS = {
         "down_pp128": ({}, {"block_n": 128, "stages": 5, "pingpong": True}),
         "down_coop128": ({}, {"block_n": 128, "stages": 6, "pingpong": False}),
     },
+    # The winners of "energy" (thirteenth session, shapes 1 and 4), alone and together.
+    "combo": {
+        "stacked": ({"stacked": True}, {}),
+        "down_coop256": ({}, {"block_n": 256, "stages": 3, "pingpong": False}),
+        "stacked_down256": ({"stacked": True}, {"block_n": 256, "stages": 3, "pingpong": False}),
+        "coop128_stacked": ({"block_n": 128, "stages": 4, "pingpong": False, "stacked": True}, {}),
+        "coop128_stacked_down256": ({"block_n": 128, "stages": 4, "pingpong": False, "stacked": True},
+                                    {"block_n": 256, "stages": 3, "pingpong": False}),
+    },
 }
 
 
