@@ -13,7 +13,7 @@ import torch
 
 from moonep_ops.kernels import configs, cuda
 from .layouts import Layout, _padded, experts_inputs, grouped_gemm_inputs
-from .reference import TOLERANCE, grouped_gemm_ref, grouped_gemm_silu_mul_ref, rel_err
+from .reference import TOLERANCE, experts_ref, grouped_gemm_ref, grouped_gemm_silu_mul_ref, rel_err
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.cuda,
@@ -111,10 +111,12 @@ def test_config_table_picks_each_consumer_scheme():
     pick = configs.gluon_gemm_config
     assert not pick(2048, 7168, 45056, fused=True).pingpong  # kimi-k2 prefill gate/up
     assert not pick(2048, 7168, 45056, fused=True).group_major
-    assert pick(768, 2048, 48896, fused=True).pingpong  # qwen3 gate/up
-    assert pick(7168, 2048, 45056, fused=False).pingpong  # kimi-k2 prefill down
+    assert pick(768, 2048, 33024, fused=True).pingpong  # qwen3 S=64 gate/up
+    assert not pick(768, 2048, 48896, fused=True).pingpong  # qwen3 S=2048 gate/up (power-bound)
     assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
     assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
+    for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages
+        assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(block_n=256, stages=3, pingpong=False)
     # The tail's zeros: by the producer warp on long reductions, by the consumers on short ones.
     assert pick(7168, 2048, 13312, fused=False).tail_by_producer  # kimi-k2 decode down
     assert not pick(2048, 768, 48896, fused=False).tail_by_producer  # qwen3 down
@@ -132,3 +134,28 @@ def test_public_ops_same_tensor_for_gate_and_up_and_empty_reduction():
     assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
     empty = moonep_ops.grouped_gemm(x[:, :0], w_gate[:, :, :0], cu)
     assert torch.equal(empty, torch.zeros_like(empty))
+
+
+def test_public_ops_through_the_power_bound_configs():
+    """The table's wide tiles reached through the public ops (the forced-config tests above launch
+    the kernel directly): ``moonep_experts`` with I = 2048, whose down GEMM (K = 2048) takes the
+    128x256 cooperative tiles (H = 384: a partial column tile), and the fused op with NvS >= 40960
+    and H < 4096, which takes the 128x(128+128) cooperative ones. Tails are NaN in the inputs;
+    every live row is compared to float64 and the tail must come back zero."""
+    import moonep_ops
+
+    layout = _padded("down_k2048", (100, 0, 130, 250), 128, extra_tail=300, k=384, n=2048)
+    assert configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).block_n == 256
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
+    ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
+    assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+
+    layout = Layout("wide_fused", (3000, 0, 128, 7), 40960, k=256, n=320)
+    assert not configs.gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True).pingpong
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    act = moonep_ops.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
+    ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
+    assert rel_err(act[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(act[layout.total:], torch.zeros_like(act[layout.total:]))
