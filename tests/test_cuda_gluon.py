@@ -117,6 +117,7 @@ def test_config_table_picks_each_consumer_scheme():
     assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
     for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages
         assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(block_n=256, stages=3, pingpong=False)
+        assert pick(2048, 7168, nvs, fused=False).block_n == 128  # its unfused gate/up GEMMs
     # The tail's zeros: by the producer warp on long reductions, by the consumers on short ones.
     assert pick(7168, 2048, 13312, fused=False).tail_by_producer  # kimi-k2 decode down
     assert not pick(2048, 768, 48896, fused=False).tail_by_producer  # qwen3 down
@@ -138,13 +139,13 @@ def test_public_ops_same_tensor_for_gate_and_up_and_empty_reduction():
 
 def test_public_ops_through_the_power_bound_configs():
     """The table's wide tiles reached through the public ops (the forced-config tests above launch
-    the kernel directly): ``moonep_experts`` with I = 2048, whose down GEMM (K = 2048) takes the
-    128x256 cooperative tiles (H = 384: a partial column tile), and the fused op with NvS >= 40960
-    and H < 4096, which takes the 128x(128+128) cooperative ones. Tails are NaN in the inputs;
+    the kernel directly): ``moonep_experts`` with I = 2048 and H = 4104, whose down GEMM
+    (K = 2048, N = 4104: a partial last column tile) takes the 128x256 cooperative tiles, and the
+    fused op with NvS >= 40960 and H < 4096, which takes the 128x(128+128) cooperative ones. Tails are NaN in the inputs;
     every live row is compared to float64 and the tail must come back zero."""
     import moonep_ops
 
-    layout = _padded("down_k2048", (100, 0, 130, 250), 128, extra_tail=300, k=384, n=2048)
+    layout = _padded("down_k2048", (100, 0, 130, 250), 128, extra_tail=300, k=4104, n=2048)
     assert configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).block_n == 256
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
