@@ -141,8 +141,9 @@ def test_public_ops_through_the_power_bound_configs():
     """The table's wide tiles reached through the public ops (the forced-config tests above launch
     the kernel directly): ``moonep_experts`` with I = 2048 and H = 4104, whose down GEMM
     (K = 2048, N = 4104: a partial last column tile) takes the 128x256 cooperative tiles, and the
-    fused op with NvS >= 40960 and H < 4096, which takes the 128x(128+128) cooperative ones. Tails are NaN in the inputs;
-    every live row is compared to float64 and the tail must come back zero."""
+    fused op with NvS >= 40960 and H < 4096, which takes the 128x(128+128) cooperative ones.
+    Tails are NaN in the inputs; every live row is compared to float64 and the tail must come
+    back zero."""
     import moonep_ops
 
     layout = _padded("down_k2048", (100, 0, 130, 250), 128, extra_tail=300, k=4104, n=2048)
