@@ -12,8 +12,10 @@ Variants (twelfth session, H200, Triton 3.6.0, compute-sanitizer 2025.3.1):
   default warps' writes of it (before the same barrier), i.e. hazards on accesses that named
   barrier orders. In SASS the difference from ``simple`` is a ``BAR.SYNC 0x0, 0x80`` (the sum's
   barrier, over the default warps only) before the handshake: our working guess is that
-  racecheck's barrier bookkeeping does not follow a partial barrier 0 (not yet settled).
-- ``prologue`` / ``two_workers``: one of the two ingredients each, to settle which one it takes.
+  racecheck's barrier bookkeeping does not follow a partial barrier 0.
+- ``prologue`` / ``two_workers``: one of the two ingredients each (thirteenth session, same GPU
+  and tools): ``prologue`` reports (1 hazard), ``two_workers`` is clean: the prologue's partial
+  barrier is the ingredient.
 
 Usage on an sm90 GPU:
     compute-sanitizer --tool racecheck python3 scripts/racecheck_control.py [variant]

@@ -108,14 +108,15 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     (cooperative, 64 rows each) on the long compute-bound fused GEMMs (kimi-k2 S=1024 and prefill).
 
     Wider cooperative tiles where the board runs at its power cap (thirteenth session,
-    benchmarks/results/power_h200_ab_combo.json: candidates interleaved for 1 s each on a hot
-    GPU; under the cap the time follows the energy per call, and a wider tile reads fewer L2
-    bytes per FLOP, 3/256 instead of 1/64 per row-column): the down GEMM in 128x256 tiles where
-    2048 <= K < 8192 and N >= 4096 (kimi-k2 S=1024 -1.8%, prefill -1.1%, decode +0.1%; qwen3's
-    K = 768 lost there at S=64, +2.8%, and llama4's K = 8192, +1.4%), and the fused GEMM in
-    128x(128+128) tiles for the qwen3-like shapes with a large capacity (num_rows >= 40960: S=2048 -1.3%; at S=64,
-    NvS 33024, +3.5%). A cool-board probe (short bursts) had ranked the 256-column down tiles +3%
-    on kimi-k2 S=1024: cool, the extra stages of the narrow tile win; hot, the bytes.
+    benchmarks/results/power_h200_ab_*.json: candidates interleaved for 1 s each on a hot GPU;
+    under the cap the time follows the energy per call, and a wider tile reads fewer L2 bytes
+    per FLOP: 3/256 operand elements per multiply-add instead of 1/64):
+    - the down GEMM in 128x256 tiles where 2048 <= K < 8192 and N >= 4096 (kimi-k2 S=1024 -1.8%,
+      prefill -1.1%, decode +0.1%; qwen3's K = 768 lost at S=64, +2.8%, llama4's K = 8192 +1.4%,
+      the unfused path's gate/up GEMMs with N <= 2048 +1 to +8%). A cool-board probe had ranked
+      them +3% on kimi-k2 S=1024: cool, the narrow tile's extra stages win; hot, the bytes.
+    - the fused GEMM in 128x(128+128) tiles for large capacities with H < 4096 (num_rows >=
+      40960: qwen3 S=2048 -1.3%; at S=64, NvS 33024, +3.5%).
 
     The tail's zeros (benchmarks/results/probe_gluon_h200_tail_pdl.json): written by the producer
     warp between its loads where the reduction is long (K >= 2048: kimi-k2 decode's down GEMM,
@@ -134,9 +135,7 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     if k >= 8192:
         return GluonConfig(block_n=128, stages=5, tail_by_producer=tail_by_producer)
     if k >= 2048 and n >= 4096:
-        # 48 KiB per stage and a 64 KiB output buffer: three stages fit. (Measured on down GEMMs,
-        # N = H = 7168; the unfused path's gate/up GEMMs, N = I = 768 or 2048, were 1-8% slower
-        # with it in one benchmark run: bench_h200_0155.json.)
+        # 48 KiB per stage and a 64 KiB output buffer: three stages fit
         return GluonConfig(block_n=256, stages=3, pingpong=False, tail_by_producer=tail_by_producer)
     return GluonConfig(block_n=128, stages=6, pingpong=False, tail_by_producer=tail_by_producer)
 
