@@ -14,15 +14,19 @@ for a dense bf16 ``torch.mm`` (8192^3) and a 4 GiB copy: the ceilings under the 
 throughout: the experts op's Gluon pair with the committed configs ("table") and with the
 overrides of ``AB_SETS[SET]`` ("stacked": the fused GEMM's gate/up tiles stacked, one 64x256
 wgmma per warpgroup, fewer shared-memory reads; "energy": that and other tile shapes of either
-GEMM). Under the power cap the board's energy per call decides the time, and that can rank
-candidates differently from a cool-board probe. Per round (shuffled order) each candidate replays back to back for
+GEMM; "combo": the winners of "energy", alone and together). Under the power cap the board's
+energy per call decides the time, and that can rank candidates differently from a cool-board
+probe. The overrides apply to the table as it is when run: the committed results
+(``power_h200_ab_energy.json``, ``power_h200_ab_combo.json``) were measured against the eleventh
+session's table, so on today's table some candidates equal it (and are skipped) or differ.
+Per round (shuffled order) each candidate replays back to back for
 ``--seconds``; reported per candidate: the median over rounds of its slots' median per-call time
 (the first tenth of each slot skipped), and the board power, energy per call and SM clock over
 its slots. Results are checked against the first candidate before timing.
 
 Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
     [--seconds 4] [--idle 3] [--out power.json]
-       python -m benchmarks.power --ab {stacked,energy} [--shapes 1,4] [--rounds 5] [--seconds 1]
+       python -m benchmarks.power --ab {stacked,energy,combo} [--shapes 1,4] [--rounds 5] [--seconds 1]
 """
 
 import argparse

@@ -181,7 +181,7 @@ def run_all_ops(rows, k, n, g, dtype) -> None:
     cuda_backward.grouped_gemm_wgrad(grad_k, gate, cu)
 
 
-# Gluon configs beyond what the table picks for PROBLEMS, which the GPU tests force and the probes time
+# Gluon configs the GPU tests force and the probes time, whether or not the table picks them for PROBLEMS
 # (benchmarks/probe_gluon.py): (fused, GluonConfig fields). sm90 only.
 GLUON_CANDIDATES = [
     (True, dict(block_n=64, stages=6, stacked=True)),

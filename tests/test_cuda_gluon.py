@@ -118,6 +118,8 @@ def test_config_table_picks_each_consumer_scheme():
     for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages
         assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(block_n=256, stages=3, pingpong=False)
         assert pick(2048, 7168, nvs, fused=False).block_n == 128  # its unfused gate/up GEMMs
+    assert pick(8192, 5120, 6144, fused=False).block_n == 128  # llama4's unfused gate/up GEMMs
+    assert pick(768, 2048, 48896, fused=False).pingpong  # qwen3's unfused gate/up GEMMs
     # The tail's zeros: by the producer warp on long reductions, by the consumers on short ones.
     assert pick(7168, 2048, 13312, fused=False).tail_by_producer  # kimi-k2 decode down
     assert not pick(2048, 768, 48896, fused=False).tail_by_producer  # qwen3 down

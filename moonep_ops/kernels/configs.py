@@ -105,18 +105,21 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     benchmarks/results/probe_gluon_h200.json (the six BASELINE shapes, padded and unpadded):
     ping-pong consumers (a warpgroup per 128-row tile, one's epilogue under the other's main loop)
     win where tiles are short or the problem is memory-bound; both warpgroups on one tile
-    (cooperative, 64 rows each) on the long compute-bound fused GEMMs (kimi-k2 S=1024 and prefill).
+    (cooperative, 64 rows each) on the long compute-bound fused GEMMs (kimi-k2 S=1024 and prefill)
+    and on the plain GEMMs with short reductions (qwen3's down GEMM, K = 768) or few rows.
 
     Wider cooperative tiles where the board runs at its power cap (thirteenth session,
-    benchmarks/results/power_h200_ab_*.json: candidates interleaved for 1 s each on a hot GPU;
-    under the cap the time follows the energy per call, and a wider tile reads fewer L2 bytes
-    per FLOP: 3/256 operand elements per multiply-add instead of 1/64):
-    - the down GEMM in 128x256 tiles where 2048 <= K < 8192 and N >= 4096 (kimi-k2 S=1024 -1.8%,
-      prefill -1.1%, decode +0.1%; qwen3's K = 768 lost at S=64, +2.8%, llama4's K = 8192 +1.4%,
-      the unfused path's gate/up GEMMs with N <= 2048 +1 to +8%). A cool-board probe had ranked
-      them +3% on kimi-k2 S=1024: cool, the narrow tile's extra stages win; hot, the bytes.
-    - the fused GEMM in 128x(128+128) tiles for large capacities with H < 4096 (num_rows >=
-      40960: qwen3 S=2048 -1.3%; at S=64, NvS 33024, +3.5%).
+    benchmarks/results/power_h200_ab_*.json: the experts op's pair with candidate overrides,
+    interleaved for 1 s each on a hot GPU; under the cap the time follows the energy per call,
+    and a wider tile reads fewer L2 bytes per FLOP: 3/256 operand elements per multiply-add
+    instead of 1/64). Only where they were measured:
+    - plain GEMMs in 128x256 tiles where 2048 <= K < 4096 and N >= 4096, i.e. kimi-k2's down GEMM
+      (K = 2048, N = 7168): S=1024 -1.8%, prefill -1.1%, decode +0.1%. The same tiles lost on
+      qwen3's down GEMM (K = 768) at S=64, +2.8%, and on llama4's (K = 8192), +1.4%; the gate/up
+      GEMMs of the unfused path were not measured under load with them. A cool-board probe had
+      ranked them +3% on kimi-k2 S=1024: cool, the narrow tile's extra stages win; hot, the bytes.
+    - the fused GEMM in 128x(128+128) tiles for large capacities with H < 4096 (num_rows >= 40960:
+      qwen3 S=2048 -1.3%; at S=64, NvS 33024, the same tiles stacked were +3.5%).
 
     The tail's zeros (benchmarks/results/probe_gluon_h200_tail_pdl.json): written by the producer
     warp between its loads where the reduction is long (K >= 2048: kimi-k2 decode's down GEMM,
@@ -132,11 +135,11 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
             return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer)
         # two accumulators of 64 columns per warpgroup
         return GluonConfig(block_n=64, stages=6, tail_by_producer=tail_by_producer)
-    if k >= 8192:
-        return GluonConfig(block_n=128, stages=5, tail_by_producer=tail_by_producer)
-    if k >= 2048 and n >= 4096:
+    if 2048 <= k < 4096 and n >= 4096:
         # 48 KiB per stage and a 64 KiB output buffer: three stages fit
         return GluonConfig(block_n=256, stages=3, pingpong=False, tail_by_producer=tail_by_producer)
+    if k >= 8192 or (num_rows >= 32768 and k >= 2048):
+        return GluonConfig(block_n=128, stages=5, tail_by_producer=tail_by_producer)
     return GluonConfig(block_n=128, stages=6, pingpong=False, tail_by_producer=tail_by_producer)
 
 
