@@ -3,7 +3,13 @@
 Time = median CUDA-graph replay (after warm-up) of the whole expert path. Floor =
 max(FLOPs / 757 TFLOP/s, bytes / 4.2 TB/s), the ceilings of shared/BASELINE.md (this run
 measures and records its own too).
-Usage: python -m benchmarks.run [--out results.json] [--reps 50] [--paths vllm,moonep]
+
+``--settle SECONDS`` (default 0: the README protocol) replays each path back to back for that
+long before its timed replays, so that every path is timed in the steady state it drives the
+board to. On this H200 the heavy paths run into the 700 W power cap (benchmarks/power.py), and
+without settling a path's figure depends on what ran before it: up to 8% between two runs of
+the same code on kimi-k2 S=1024 (docs/performance.md).
+Usage: python -m benchmarks.run [--out results.json] [--reps 50] [--paths vllm,moonep] [--settle 1]
 """
 
 import argparse
@@ -40,10 +46,22 @@ def capture_graph(fn, warmup: int = 3) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _median_graph_ms(fn, reps: int) -> float:
+def _settle(graph, seconds: float) -> None:
+    """Replay ``graph`` back to back for about ``seconds`` (a host sync every 10 replays only)."""
+    torch.cuda.synchronize()
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(10):
+            graph.replay()
+        torch.cuda.synchronize()
+
+
+def _median_graph_ms(fn, reps: int, settle_s: float = 0.0) -> float:
     graph = capture_graph(fn)
     for _ in range(5):
         graph.replay()
+    if settle_s > 0:
+        _settle(graph, settle_s)
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -130,10 +148,12 @@ def main(argv=None):
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--paddings", default="128,1")
     parser.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES")
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="seconds of back-to-back replays of each path before its timed ones")
     args = parser.parse_args(argv)
     paths = {k: PATHS[k] for k in args.paths.split(",")}
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
-    env = environment()
+    env = {**environment(), "reps": args.reps, "settle_s": args.settle}
     ceilings = measure_ceilings()
     print(f"# {env}  ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s, {ceilings['copy_tbps']:.2f} TB/s")
     host = host_costs_interleaved(paths)
@@ -158,7 +178,7 @@ def main(argv=None):
                     else:
                         err = float((out[:live].float() - ref).norm() / ref.norm())
                     tail_zero = bool((out[live:] == 0).all())
-                    ms = _median_graph_ms(lambda: fn(x, wg, wu, wd, cu, rw, out), args.reps)
+                    ms = _median_graph_ms(lambda: fn(x, wg, wu, wd, cu, rw, out), args.reps, args.settle)
                     us = ms * 1e3
                     row[name] = {"us": us, "eff": floor / us, "tflops": flops / us / 1e6,
                                  "tbps": nbytes / us / 1e6, "err_vs_first": err, "tail_zero": tail_zero}

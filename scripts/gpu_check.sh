@@ -9,7 +9,8 @@
 #   fuzz:     the CUDA fuzz, long profile: FUZZ_EXAMPLES per op (default 2000) in FUZZ_SHARDS
 #             (default 16) seeded items per op, spread over the xdist workers
 #   sanitize: compute-sanitizer memcheck + racecheck (scripts/sanitize.sh)
-#   bench:    benchmarks (expert path, training) with JSON and chart
+#   bench:    benchmarks (expert path, training) with JSON and chart; BENCH_ARGS adds e.g. "--settle 1"
+#             (each path replayed 1 s before it is timed: its steady state under the power cap)
 #   tune:     the backward kernels' config sweep (benchmarks.tune_backward; only when named, not in all)
 #   schedules: the forward kernel's Hopper schedule sweep (benchmarks.tune --schedules; only when named;
 #             SCHEDULE_ROLES picks roles, e.g. fused_save)
@@ -93,7 +94,7 @@ if want sanitize; then
   [ "$rc" -eq 0 ] || status=1
 fi
 if want bench; then
-  python3 -m benchmarks.run --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 16
+  python3 -m benchmarks.run ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 16
   rc=${PIPESTATUS[0]}
   echo "bench rc=$rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
