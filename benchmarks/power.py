@@ -30,7 +30,6 @@ Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
 """
 
 import argparse
-import dataclasses
 import json
 import random
 import statistics
@@ -221,17 +220,11 @@ def config_candidates(shape, padding, ab: str) -> tuple[dict, torch.Tensor, int,
     """The experts op's Gluon pair (PDL as the op pairs them) with the committed configs
     ("table"), then each candidate of ``AB_SETS[ab]`` that differs from it; the output buffer,
     its live rows and the floor."""
-    from moonep_ops.kernels import configs
     from moonep_ops.kernels import gluon_grouped_gemm as gg
-    from moonep_ops.kernels.triton_grouped_gemm import _num_sms
 
-    x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
-    nvs = x.shape[0]
-    act = torch.empty(nvs, shape.inter, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(nvs, shape.hidden, device="cuda", dtype=torch.bfloat16)
-    cf = dataclasses.asdict(configs.gluon_gemm_config(shape.inter, shape.hidden, nvs, fused=True))
-    cd = dataclasses.asdict(configs.gluon_gemm_config(shape.hidden, shape.inter, nvs, fused=False))
-    sms = _num_sms(torch.cuda.current_device())
+    from .probe_gluon import setup_pair
+
+    (x, wg, wu, wd, cu, rw, sizes), act, out, sms, (cf, cd), _ = setup_pair(shape, padding)
 
     def pair(fused_cfg, down_cfg):
         def run():

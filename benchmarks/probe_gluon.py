@@ -96,7 +96,7 @@ def _check_and_time(fns, dst, live, ref, args, row, role):
     return timed
 
 
-def _setup(shape, padding):
+def setup_pair(shape, padding):
     """The shape's problem, NaN-poisoned ``act`` and ``out``, the SM count, the committed Gluon
     configs (fused, down) as dicts, and the result row, announced."""
     x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
@@ -111,7 +111,7 @@ def _setup(shape, padding):
 
 
 def probe_shape(shape, padding, args) -> dict:
-    (x, wg, wu, wd, cu, rw, sizes), act, out, sms, (table_f, table_d), row = _setup(shape, padding)
+    (x, wg, wu, wd, cu, rw, sizes), act, out, sms, (table_f, table_d), row = setup_pair(shape, padding)
     live = sum(sizes)
     cfg_f, cfg_d = committed("fused", shape, x.shape[0]), committed("down", shape, x.shape[0])
 
@@ -162,7 +162,7 @@ def _env(name, value):
 
 
 def probe_tail_pdl(shape, padding, args) -> dict:
-    (x, wg, wu, wd, cu, rw, sizes), act, out, sms, (cf, cd), row = _setup(shape, padding)
+    (x, wg, wu, wd, cu, rw, sizes), act, out, sms, (cf, cd), row = setup_pair(shape, padding)
     live = sum(sizes)
     row.update(fused_config=cf, down_config=cd)
     gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, **cf)
