@@ -56,6 +56,8 @@ run_pytest() {  # name, extra env..., pytest args
   local rc=$?
   grep -E "^(FAILED|ERROR) |\] (FAILED|ERROR) " "$OUT/pytest_$name.log" | sort -u | head -n 20
   echo "pytest[$name] rc=$rc: $(tail -n 1 "$OUT/pytest_$name.log")" | tee -a "$OUT/summary.txt"
+  # Why each failed (a timeout or an assertion), in the summary that always comes back.
+  [ -f "$OUT/junit_$name.xml" ] && python3 scripts/junit_failures.py "$OUT/junit_$name.xml" | head -n 20 | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 }
 # A hung test must not eat the whole device call (pytest-timeout is on the GPU image).
