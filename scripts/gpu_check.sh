@@ -52,12 +52,13 @@ run_pytest() {  # name, extra env..., pytest args
   local name=$1; shift
   # -v: every result is named in the log as it happens (a run cut by the call's time limit
   # still names its failures; -q with xdist names none until the end).
-  python3 -m pytest -v -rfE -p no:cacheprovider --junitxml="$OUT/junit_$name.xml" "$@" > "$OUT/pytest_$name.log" 2>&1
+  # MOONEP_OPS_FAILURE_LOG (tests/failure_log.py): each failure and its reason (an assertion or a
+  # timeout) lands in the summary as it happens, even when the call's time limit stops the run.
+  MOONEP_OPS_FAILURE_LOG="$OUT/summary.txt" \
+    python3 -m pytest -v -rfE -p no:cacheprovider --junitxml="$OUT/junit_$name.xml" "$@" > "$OUT/pytest_$name.log" 2>&1
   local rc=$?
   grep -E "^(FAILED|ERROR) |\] (FAILED|ERROR) " "$OUT/pytest_$name.log" | sort -u | head -n 20
   echo "pytest[$name] rc=$rc: $(tail -n 1 "$OUT/pytest_$name.log")" | tee -a "$OUT/summary.txt"
-  # Why each failed (a timeout or an assertion), in the summary that always comes back.
-  [ -f "$OUT/junit_$name.xml" ] && python3 scripts/junit_failures.py "$OUT/junit_$name.xml" | head -n 20 | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 }
 # A hung test must not eat the whole device call (pytest-timeout is on the GPU image).

@@ -9,8 +9,9 @@ now gives each worker), and prints each process's time.
 
     python scripts/xdist_threads_check.py [--procs 6]
 
-This machine (2 cores, torch 2.13.0 CPU), 2026-12-01: alone 0.4 s (2 threads) / 0.6 s (1 thread);
-6 at once: 11-16 s each with 2 threads, 1.6-2.7 s each with 1.
+One run on the 2-core CPU machine (torch 2.13.0, otherwise idle), 2026-12-01: alone 0.44 s with the
+default 2 threads, 0.55 s with 1; six at once, 11.3-16.2 s each with 2 threads, 1.6-2.3 s each with 1.
+(On a busy machine all of these grow.)
 """
 
 import argparse
