@@ -49,8 +49,8 @@ def main() -> None:
     if args.child is not None:
         print(f"{one(args.child):.2f}")
         return
-    cores = os.cpu_count() or 1
-    for label, threads in (("default threads", 0), (f"{max(1, cores // args.procs)} thread(s) each", max(1, cores // args.procs))):
+    share = max(1, len(os.sched_getaffinity(0)) // args.procs)  # as conftest.py counts cores
+    for label, threads in (("default threads", 0), (f"{share} thread(s) each", share)):
         alone = subprocess.run([sys.executable, __file__, "--child", str(threads)], capture_output=True, text=True,
                                check=True).stdout.strip()
         procs = [subprocess.Popen([sys.executable, __file__, "--child", str(threads)], stdout=subprocess.PIPE,
