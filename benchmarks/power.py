@@ -26,7 +26,7 @@ its slots. Results are checked against the first candidate before timing.
 
 Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
     [--seconds 4] [--idle 3] [--out power.json]
-       python -m benchmarks.power --ab {stacked,energy,combo} [--shapes 1,4] [--rounds 5] [--seconds 1]
+       python -m benchmarks.power --ab {stacked,energy,combo,idle_half,out_tail} [--cool] [--shapes 1,4] [--rounds 5] [--seconds 1]
 """
 
 import argparse
@@ -213,6 +213,19 @@ AB_SETS = {
         "coop128_stacked_down256": ({"block_n": 128, "stages": 4, "pingpong": False, "stacked": True},
                                     {"block_n": 256, "stages": 3, "pingpong": False}),
     },
+    # Idle upper halves (fifteenth session): the MMAs of a segment's last row tile's upper 64
+    # rows skipped where they all have route weight 0 (MoonEP's padding) or lie past the end,
+    # in neither GEMM or in both (the table: where measured faster).
+    "idle_half": {
+        "no_skip": ({"skip_idle_half": False}, {"skip_idle_half": False}),
+        "all_skip": ({"skip_idle_half": True}, {"skip_idle_half": True}),
+    },
+    # The down GEMM's output tail zeroed by the fused GEMM's producer warp while it computes
+    # (fifteenth session), or by the down GEMM (its consumers or producer, as its config says).
+    "out_tail": {
+        "fused_takes_tail": ({"takes_out_tail": True}, {}),
+        "down_keeps_tail": ({"takes_out_tail": False}, {}),
+    },
 }
 
 
@@ -227,9 +240,13 @@ def config_candidates(shape, padding, ab: str) -> tuple[dict, torch.Tensor, int,
     (x, wg, wu, wd, cu, rw, sizes), act, out, sms, (cf, cd), _ = setup_pair(shape, padding)
 
     def pair(fused_cfg, down_cfg):
+        # as the op pairs them: a fused config with takes_out_tail zeroes out's tail, the down GEMM not
+        took = fused_cfg.get("takes_out_tail", False)
+
         def run():
-            gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, pdl="primary", **fused_cfg)
-            gg.launch(act, wd, cu, out, sms, pdl="dependent", **down_cfg)
+            gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, pdl="primary",
+                      tail_out=out if took else None, **fused_cfg)
+            gg.launch(act, wd, cu, out, sms, pdl="dependent", idle_weights=rw, zero_tail=not took, **down_cfg)
         return run
 
     fns, seen = {"table": pair(cf, cd)}, [(cf, cd)]
@@ -261,6 +278,18 @@ def run_ab(args, sampler, record) -> None:
                 ok[name] = fn
             print(f"{shape.name:<28} {name:<14} rel err vs first {err:.1e}  tail zero {tail_zero}", flush=True)
         time.sleep(args.idle)
+        if args.cool:  # interleaved short bursts (benchmarks/probe.py): the cool board's ranking
+            from .probe import time_interleaved
+
+            for name, r in time_interleaved(ok, args.rounds, 10).items():
+                r.update(shape=shape.name, padding=args.padding, path=name, floor_us=floor, eff=floor / r["us"],
+                         cool=True)
+                record(r)
+                print(f"{shape.name:<28} {name:<16} cool {r['us']:8.1f} us (eff {r['eff']:.2f})  "
+                      f"rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}", flush=True)
+            del fns, out, ref
+            torch.cuda.empty_cache()
+            continue
         for name, r in sustained_ab(ok, args.rounds, args.seconds, sampler).items():
             r.update(shape=shape.name, padding=args.padding, path=name, floor_us=floor, eff=floor / r["us"])
             record(r)
@@ -285,6 +314,7 @@ def main(argv=None):
     parser.add_argument("--idle", type=float, default=3.0)
     parser.add_argument("--out", default=None)
     parser.add_argument("--ab", default="", choices=["", *AB_SETS])
+    parser.add_argument("--cool", action="store_true", help="--ab: interleaved short bursts instead of sustained slots")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     fields, select = _fields(_gpu_selector())

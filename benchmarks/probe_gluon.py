@@ -125,7 +125,7 @@ def probe_shape(shape, padding, args) -> dict:
         return lambda: gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, pdl=pdl, **kw)
 
     def g_down(kw, pdl=""):
-        return lambda: gg.launch(act, wd, cu, out, sms, pdl=pdl, **kw)
+        return lambda: gg.launch(act, wd, cu, out, sms, pdl=pdl, idle_weights=rw, **kw)
 
     t_fused = lambda: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, act, cfg_f, True, zero_tail=False)  # noqa: E731
     t_down = lambda: launch_grouped_gemm(act, wd, cu, out, cfg_d, True)  # noqa: E731

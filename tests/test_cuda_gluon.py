@@ -93,6 +93,25 @@ def test_fused_zeroes_its_tail_when_asked(cfg):
     assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
 
 
+@pytest.mark.parametrize("layout", [GLUON_LAYOUTS[3], GLUON_LAYOUTS[4], GLUON_LAYOUTS[1]], ids=str)
+@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"]], ids=["pingpong", "coop"])
+def test_fused_zeroes_the_tail_of_another_tensor(layout, cfg):
+    """``tail_out`` (the experts op's ``out``, zeroed by the fused GEMM's producer while it computes):
+    its tail rows come back zero, in all its columns (520: not a multiple of the block); its live
+    rows and ``act``'s tail are left alone (NaN stays NaN); ``act`` is right."""
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    act = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    other = torch.full((layout.nvs, 520), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _launch(x, w_gate, cu, act, w_up=w_up, rw=rw, zero_tail=False, tail_out=other, **cfg)
+    ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
+    if layout.total:
+        assert rel_err(act[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    assert torch.isnan(act[layout.total:]).all() and torch.isnan(other[:layout.total]).all()
+    assert torch.equal(other[layout.total:], torch.zeros_like(other[layout.total:]))
+    with pytest.raises(ValueError, match="zeroes one tail"):
+        _launch(x, w_gate, cu, act, w_up=w_up, rw=rw, zero_tail=True, tail_out=other, **cfg)
+
+
 def test_invalid_cu_seqlens_do_not_fault():
     """Non-monotone ends past NvS: unspecified values, but no fault and no write out of bounds."""
     layout = Layout("bad", (64, 64, 64), 256, k=128, n=128)
@@ -116,13 +135,28 @@ def test_config_table_picks_each_consumer_scheme():
     assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
     assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
     for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages
-        assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(block_n=256, stages=3, pingpong=False)
+        assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(block_n=256, stages=3, pingpong=False,
+                                                                         skip_idle_half=nvs < 32768)
         assert pick(2048, 7168, nvs, fused=False).block_n == 128  # its unfused gate/up GEMMs
     assert pick(8192, 5120, 6144, fused=False).block_n == 128  # llama4's unfused gate/up GEMMs
     assert pick(768, 2048, 48896, fused=False).pingpong  # qwen3's unfused gate/up GEMMs
     # The tail's zeros: by the producer warp on long reductions, by the consumers on short ones.
     assert pick(7168, 2048, 13312, fused=False).tail_by_producer  # kimi-k2 decode down
     assert not pick(2048, 768, 48896, fused=False).tail_by_producer  # qwen3 down
+    # Idle upper halves skipped only where measured faster (probe_idle_h200.json): qwen3 S=2048's
+    # fused GEMM, kimi-k2's down GEMMs below NvS 32768; not kimi-k2's fused GEMMs (the skip breaks
+    # the step of the programs sharing weight tiles), qwen3's down GEMMs or the ping-pong fused ones.
+    assert not pick(2048, 7168, 13312, fused=True).skip_idle_half
+    assert not pick(2048, 7168, 8192, fused=True).skip_idle_half
+    assert not pick(2048, 7168, 20480, fused=True).skip_idle_half
+    assert not pick(2048, 7168, 45056, fused=True).skip_idle_half
+    assert pick(768, 2048, 48896, fused=True).skip_idle_half
+    assert not pick(768, 2048, 33024, fused=True).skip_idle_half
+    assert not pick(2048, 768, 48896, fused=False).skip_idle_half
+    # The output's tail zeroed by the fused GEMM: qwen3 S=2048 only (power_h200_ab_out_tail*.json).
+    assert pick(768, 2048, 48896, fused=True).takes_out_tail
+    assert not any(pick(2048, 7168, nvs, fused=True).takes_out_tail for nvs in (13312, 20480, 45056))
+    assert not pick(768, 2048, 33024, fused=True).takes_out_tail
 
 
 def test_public_ops_same_tensor_for_gate_and_up_and_empty_reduction():
@@ -163,3 +197,135 @@ def test_public_ops_through_the_power_bound_configs():
     ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
     assert rel_err(act[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
     assert torch.equal(act[layout.total:], torch.zeros_like(act[layout.total:]))
+
+
+# Idle upper halves (GluonConfig.skip_idle_half): a segment's last row tile whose rows
+# [row_lo + 64, row_lo + 128) all lie past the segment's end or have route weight 0 (MoonEP's
+# padding) runs its MMAs on the lower half and stores zeros above. Rows with weight 0 hold NaN
+# here, so a skipped row reads 0 and a computed one NaN (NaN * 0): the test sees which were
+# skipped, not only that the live rows are right.
+# Segments: a 256-row one with weights ending at row 140 (its second tile's upper half idle), a
+# live row at the last (127) and at the first (64) row of an upper half (computed), a tile with 11
+# live rows (idle), an empty group, unpadded ends at 100 (computed) and 40 rows (past the end:
+# idle), a segment with no live row (its upper half idle, its lower half computed).
+IDLE_SEGMENTS = ((256, range(0, 140)), (128, [*range(0, 64), 127]), (128, range(0, 65)), (0, ()),
+                 (128, range(0, 11)), (100, range(0, 100)), (40, range(0, 40)), (128, ()))
+IDLE_CONFIGS = {"plain_pingpong": (False, PLAIN["pingpong_n128_s5"]), "plain_coop": (False, PLAIN["coop_n128_s6"]),
+                "plain_coop_n256": (False, PLAIN["coop_n256_s3"]),
+                "fused_pingpong": (True, FUSED["pingpong_n64_s6"]), "fused_coop": (True, FUSED["coop_n128_s4"])}
+
+
+def _idle_problem(k=256, n=384, tail=50):
+    """``(layout, weights [NvS] fp32, skipped [NvS] bool)``: weight 0 (and NaN rows in the caller's
+    input) outside each segment's live rows, NaN in the tail; ``skipped``: the rows the kernels
+    must skip."""
+    sizes = tuple(size for size, _ in IDLE_SEGMENTS)
+    layout = Layout("idle", sizes, sum(sizes) + tail, k=k, n=n)
+    rw = torch.zeros(layout.nvs)
+    skipped = torch.zeros(layout.nvs, dtype=torch.bool)
+    start = 0
+    for size, live in IDLE_SEGMENTS:
+        for r in live:
+            rw[start + r] = torch.rand(()).item() + 0.1
+        if size:
+            row_lo = start + (size - 1) // 128 * 128  # the last row tile
+            upper = range(row_lo + 64, min(row_lo + 128, start + size))
+            if all(rw[r] == 0 for r in upper):
+                skipped[row_lo + 64:start + size] = True
+        start += size
+    rw[layout.total:] = float("nan")
+    return layout, rw.cuda(), skipped.cuda()
+
+
+@pytest.mark.parametrize("name", IDLE_CONFIGS)
+def test_idle_upper_halves_are_skipped_exactly_where_they_should(name):
+    fused, cfg = IDLE_CONFIGS[name]
+    layout, rw, skipped = _idle_problem()
+    idle = (rw == 0)[:, None]
+    x, w_gate, w_up, _, cu, _ = experts_inputs(layout, torch.bfloat16, "cuda")
+    x = x.masked_fill(idle, float("nan"))  # garbage in the rows whose weight is 0
+    clean = x.masked_fill(idle, 0.0)
+    assert 0 < int(skipped.sum()) < int(idle.sum())  # some zero-weight rows skipped, some computed
+    outs = {}
+    for skip in (True, False):
+        out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        if fused:
+            _launch(x, w_gate, cu, out, w_up=w_up, rw=rw, zero_tail=True, skip_idle_half=skip, **cfg)
+            ref = grouped_gemm_silu_mul_ref(clean, w_gate, w_up, rw, cu)
+        else:
+            from moonep_ops.kernels import gluon_grouped_gemm
+
+            gluon_grouped_gemm.launch(x, w_gate, cu, out, 132, idle_weights=rw, skip_idle_half=skip, **cfg)
+            torch.cuda.synchronize()
+            ref = grouped_gemm_ref(clean, w_gate, cu)
+        live = (rw != 0) & ~torch.isnan(rw)
+        assert rel_err(out[live], ref[live.cpu()]) <= TOLERANCE[torch.bfloat16]
+        assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+        outs[skip] = out
+    computed = idle[:, 0] & ~skipped
+    computed[layout.total:] = False
+    assert torch.equal(outs[True][skipped], torch.zeros_like(outs[True][skipped])), "a skipped row was not zero"
+    assert torch.isnan(outs[True][computed]).all(), "a row of a busy upper half (or a lower half) was skipped"
+    assert torch.isnan(outs[False][:layout.total][idle[:layout.total, 0]]).all(), "skip_idle_half=False skipped a row"
+    live = ~idle[:, 0]
+    live[layout.total:] = False
+    assert torch.equal(outs[True][live], outs[False][live]), "the skip changed a live row"
+
+
+def test_stacked_tiles_do_not_skip():
+    """The stacked probe candidate keeps its one code path: every row computed."""
+    layout, rw, _ = _idle_problem(n=128)
+    x, w_gate, w_up, _, cu, _ = experts_inputs(layout, torch.bfloat16, "cuda")
+    idle = rw == 0
+    x = x.masked_fill(idle[:, None], float("nan"))
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _launch(x, w_gate, cu, out, w_up=w_up, rw=rw, zero_tail=True, **FUSED["coop_n128_stacked"])
+    assert torch.isnan(out[:layout.total][idle[:layout.total]]).all()
+
+
+def _zero_padding_weights(layout, rw):
+    start = 0
+    for size, real in zip(layout.sizes, layout.real_rows):
+        rw[start + real:start + size] = 0.0
+        start += size
+    return rw
+
+
+def test_public_ops_on_moonep_padding_with_zero_weights():
+    """The public ops on MoonEP layouts whose padding rows are zero with weight 0 (as dispatch
+    writes them), where the config table skips idle upper halves: ``moonep_experts`` whose down
+    GEMM (K = 2048, N = 4096, NvS < 32768) skips by the route weights, and the fused op at
+    NvS >= 40960 (H < 4096). float64 references, zero tails, zero padding rows."""
+    import moonep_ops
+
+    layout = _padded("padded_rw0", (100, 0, 130, 250, 65), 128, extra_tail=300, k=4096, n=2048)
+    assert configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).skip_idle_half
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    rw = _zero_padding_weights(layout, rw)
+    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
+    ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
+    assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+    pad = rw[:layout.total] == 0
+    assert torch.equal(out[:layout.total][pad], torch.zeros_like(out[:layout.total][pad]))
+
+    layout = _padded("wide_fused_rw0", (3000, 0, 100, 7), 128, extra_tail=40960 - 3328, k=256, n=320)
+    cfg = configs.gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
+    assert cfg.skip_idle_half and cfg.takes_out_tail
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    rw = _zero_padding_weights(layout, rw)
+    pad = rw[:layout.total] == 0
+    act = moonep_ops.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
+    ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
+    assert rel_err(act[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(act[layout.total:], torch.zeros_like(act[layout.total:]))
+    assert torch.equal(act[:layout.total][pad], torch.zeros_like(act[:layout.total][pad]))
+    # the experts op: its output's tail zeroed by the fused GEMM, the down GEMM writing real rows only
+    from .fuzz_strategies import poison_allocator
+
+    poison_allocator([((layout.nvs, layout.k), torch.bfloat16), ((layout.nvs, layout.n), torch.bfloat16)], "cuda")
+    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
+    ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
+    assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+    assert torch.equal(out[:layout.total][pad], torch.zeros_like(out[:layout.total][pad]))

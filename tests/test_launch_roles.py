@@ -56,11 +56,11 @@ def on_sm90(monkeypatch, recorded):
     monkeypatch.setattr(cuda, "capability_of", lambda t: (9, 0))
     gluon_calls = []
 
-    def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True, pdl=""):
+    def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True, pdl="", idle_weights=None, tail_out=None):
         cfg = choose(a, w, w_up, out)
         if cfg is None:
             return False
-        gluon_calls.append((w_up is not None, zero_tail, pdl, cfg))
+        gluon_calls.append((w_up is not None, zero_tail, pdl, cfg, rw, idle_weights))
         return True
 
     monkeypatch.setattr(gluon_grouped_gemm, "run_gluon_gemm", run_gluon_gemm)
@@ -82,6 +82,26 @@ def test_experts_on_sm90_takes_the_gluon_kernels_with_pdl(on_sm90):
     _experts_bf16()
     assert [call[:3] for call in gluon_calls] == [(True, False, "primary"), (False, True, "dependent")]
     assert triton_calls == []
+
+
+def test_experts_down_gemm_gets_the_route_weights_as_idle_rows(on_sm90):
+    """The down GEMM learns which rows of ``act`` are zero (route weight 0: MoonEP's padding) from
+    the route weights the fused GEMM applied, so that both skip the same idle upper halves; the
+    unfused path's plain GEMMs get none."""
+    gluon_calls, _ = on_sm90
+    g, h, i, nvs = 3, 64, 32, 20
+    x = torch.randn(nvs, h, dtype=torch.bfloat16)
+    cu = torch.tensor([5, 9, 14], dtype=torch.int32)
+    rw = torch.rand(nvs)
+    ws = [torch.randn(g, i, h, dtype=torch.bfloat16), torch.randn(g, i, h, dtype=torch.bfloat16),
+          torch.randn(g, h, i, dtype=torch.bfloat16)]
+    cuda.experts_into(x, *ws, rw, cu, torch.empty(nvs, h, dtype=torch.bfloat16))
+    (_, _, _, _, fused_rw, fused_idle), (_, _, _, _, down_rw, down_idle) = gluon_calls
+    assert fused_rw is rw and fused_idle is None
+    assert down_rw is None and down_idle is rw
+    gluon_calls.clear()
+    cuda.grouped_gemm_into(x, ws[0], cu, torch.empty(nvs, i, dtype=torch.bfloat16))
+    assert [call[4:] for call in gluon_calls] == [(None, None)]
 
 
 def test_gluon_pair_without_pdl(on_sm90, monkeypatch):

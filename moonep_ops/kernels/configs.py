@@ -38,6 +38,12 @@ class GluonConfig:
     consumer_regs: int = 232
     tail_by_producer: bool = True  # the producer warp zeroes the tail, spread over its loads
     stacked: bool = False  # fused: gate and up tiles stacked, one wgmma of 2 * block_n columns (a probe candidate)
+    # a segment's last row tile whose upper 64 rows are idle (past the end, or route weight 0:
+    # MoonEP's padding) runs its MMAs on the lower half only and stores zeros above
+    skip_idle_half: bool = False
+    # fused GEMM of the experts op: its producer warp also zeroes the down GEMM's output tail (spread
+    # over its loads, while the GEMM computes), so that the down GEMM writes only real rows
+    takes_out_tail: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +127,25 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     - the fused GEMM in 128x(128+128) tiles for large capacities with H < 4096 (num_rows >= 40960:
       qwen3 S=2048 -1.3%; at S=64, NvS 33024, the same tiles stacked were +3.5%).
 
+    Idle upper halves (``skip_idle_half``, fifteenth session, benchmarks/results/probe_idle_h200.json
+    and power_h200_ab_idle_half*.json): a segment's last row tile whose upper 64 rows all have
+    route weight 0 (MoonEP's padding) or lie past the end runs its MMAs on the lower half. Such a
+    tile finishes early and its program runs ahead of the programs that share its next weight
+    tiles through L2 (segment-major items stay in step only while every item costs the same), so
+    where segments span several row tiles the skip costs DRAM reads: +8% on kimi-k2 S=1024's
+    fused GEMM, +13% at prefill, +30% in ping-pong tiles. Picked where it measured a gain and no
+    such loss: the cooperative fused GEMM at NvS >= 40960 with H < 4096 (qwen3 S=2048: -2.0%) and
+    kimi-k2's down GEMMs below NvS 32768 (decode -1.3%, S=1024 -2.4%). kimi-k2 decode's fused GEMM
+    also gained (-1.8%, segments of one row tile each) but shares its config with unpadded
+    S=1024's (NvS 8192), which lost 7%: not picked.
+
+    The experts op's output tail zeroed by the fused GEMM's producer while it computes
+    (``takes_out_tail``, fifteenth session, benchmarks/results/power_h200_ab_out_tail*.json)
+    instead of by the down GEMM: qwen3 S=2048 -0.7% (cool) / -1.7% (sustained), where the fused
+    GEMM leaves DRAM write bandwidth and the down GEMM's tail is half its output; +0.6 to +3.4%
+    on kimi-k2 decode and S=1024 and on qwen3 S=64, flat on prefill and llama4: picked for the
+    NvS >= 40960 fused tiles only.
+
     The tail's zeros (benchmarks/results/probe_gluon_h200_tail_pdl.json): written by the producer
     warp between its loads where the reduction is long (K >= 2048: kimi-k2 decode's down GEMM,
     half of whose rows are tail, -2.6%), by the consumers after their items where it is short
@@ -132,12 +157,14 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
             return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768,
                                tail_by_producer=tail_by_producer)
         if num_rows >= 40960:
-            return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer)
+            return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer,
+                               skip_idle_half=True, takes_out_tail=True)
         # two accumulators of 64 columns per warpgroup
         return GluonConfig(block_n=64, stages=6, tail_by_producer=tail_by_producer)
     if 2048 <= k < 4096 and n >= 4096:
         # 48 KiB per stage and a 64 KiB output buffer: three stages fit
-        return GluonConfig(block_n=256, stages=3, pingpong=False, tail_by_producer=tail_by_producer)
+        return GluonConfig(block_n=256, stages=3, pingpong=False, tail_by_producer=tail_by_producer,
+                           skip_idle_half=num_rows < 32768)
     if k >= 8192 or (num_rows >= 32768 and k >= 2048):
         return GluonConfig(block_n=128, stages=5, tail_by_producer=tail_by_producer)
     return GluonConfig(block_n=128, stages=6, pingpong=False, tail_by_producer=tail_by_producer)

@@ -122,21 +122,26 @@ def _dense(t):
     return None if t is None else t.contiguous()
 
 
-def _run_plain(a, w, cu, out, pdl: str = "") -> bool:
-    """The plain GEMM on the Gluon kernel when it applies (True), else on the Triton kernel."""
-    if _gluon_wanted(capability_of(a), a.dtype) and _gluon_module().run_gluon_gemm(a, w, None, None, cu, out,
-                                                                                   _gluon_plain, pdl=pdl):
+def _run_plain(a, w, cu, out, pdl: str = "", idle_weights=None, zero_tail: bool = True) -> bool:
+    """The plain GEMM on the Gluon kernel when it applies (True), else on the Triton kernel.
+    ``idle_weights``: see ``gluon_grouped_gemm._kernel_args`` (the Triton kernel ignores them)."""
+    if _gluon_wanted(capability_of(a), a.dtype) and _gluon_module().run_gluon_gemm(
+            a, w, None, None, cu, out, _gluon_plain, zero_tail=zero_tail, pdl=pdl, idle_weights=idle_weights):
         return True
     from .triton_grouped_gemm import run_moe_gemm
 
-    run_moe_gemm(a, w, None, None, cu, out, _choose_plain, portable_only(), pdl=pdl)
+    run_moe_gemm(a, w, None, None, cu, out, _choose_plain, portable_only(), zero_tail=zero_tail, pdl=pdl)
     return False
 
 
-def _run_fused(x, w_gate, w_up, route_weights, cu, out, zero_tail: bool = True, pdl: str = "") -> bool:
-    if _gluon_wanted(capability_of(x), x.dtype) and _gluon_module().run_gluon_gemm(
-            x, w_gate, w_up, route_weights, cu, out, _gluon_fused, zero_tail=zero_tail, pdl=pdl):
-        return True
+def _run_fused(x, w_gate, w_up, route_weights, cu, out, zero_tail: bool = True, pdl: str = "", tail_out=None):
+    """The fused GEMM on the Gluon kernel when it applies (its result: True, or ``TOOK_TAIL`` when
+    it also zeroed ``tail_out``'s tail), else on the Triton kernel (False; ``tail_out`` untouched)."""
+    if _gluon_wanted(capability_of(x), x.dtype):
+        ran = _gluon_module().run_gluon_gemm(x, w_gate, w_up, route_weights, cu, out, _gluon_fused,
+                                             zero_tail=zero_tail, pdl=pdl, tail_out=tail_out)
+        if ran:
+            return ran
     from .triton_grouped_gemm import run_moe_gemm
 
     run_moe_gemm(x, w_gate, w_up, route_weights, cu, out, _choose_fused, portable_only(), zero_tail=zero_tail,
@@ -169,8 +174,13 @@ def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> Non
     # first weight loads and wait for ``act``. Only when the fused kernel does launch (I > 0), so
     # that it is the kernel right before it (NvS = 0 launches neither).
     pdl = pdl_allowed() and w_gate.shape[1] > 0
-    _run_fused(x, w_gate, w_up, _dense(route_weights), cu, act, zero_tail=False, pdl="primary" if pdl else "")
-    _run_plain(act, w_down, cu, out, pdl="dependent" if pdl else "")
+    rw = _dense(route_weights)
+    # A fused Gluon config with ``takes_out_tail`` zeroes out's tail while it computes.
+    fused = _run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, pdl="primary" if pdl else "", tail_out=out)
+    took_tail = fused == _gluon_module().TOOK_TAIL if fused else False
+    # act's rows with route weight 0 are zero (silu(gate) * up * 0), so their output rows are too:
+    # the down GEMM may skip them like the fused one did (the Gluon kernels' idle upper halves).
+    _run_plain(act, w_down, cu, out, pdl="dependent" if pdl else "", idle_weights=rw, zero_tail=not took_tail)
 
 
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:

@@ -114,7 +114,7 @@ def _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, k0, FUSED: gl
 
 @gluon.jit
 def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G, NUM_ROWS, N,
-              K, real_items, live_end, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              K, real_items, live_end, n_tiles, z_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
               STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
               WAIT_PRIOR: gl.constexpr, STACK: gl.constexpr):
     """TMA loads into the ring, item after item. With ``TAIL_BY_PRODUCER`` it also zeroes this
@@ -147,10 +147,11 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
         _gdc_wait()
     if TAIL_BY_PRODUCER:
         ZROWS: gl.constexpr = z_desc.block_type.shape[0]
-        zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [1, 1], [1, 0])
-        z_buf.store(gl.zeros([ZROWS, BLOCK_N], z_desc.dtype, zl))
+        ZBN: gl.constexpr = z_desc.block_type.shape[1]
+        zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // ZBN, ZBN // 8], [1, 1], [1, 0])
+        z_buf.store(gl.zeros([ZROWS, ZBN], z_desc.dtype, zl))
         fence_async_shared()
-        z_total = gl.cdiv(NUM_ROWS - live_end, ZROWS) * n_tiles
+        z_total = gl.cdiv(NUM_ROWS - live_end, ZROWS) * z_tiles
         z_mine = gl.cdiv(gl.maximum(z_total - pid, 0), num_progs)  # chunks pid, pid + num_progs, ...
         stages_mine = gl.cdiv(gl.maximum(real_items - pid, 0), num_progs) * k_iters
         z_done = 0
@@ -172,24 +173,21 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
             if TAIL_BY_PRODUCER:
                 z_target = ((cnt * z_mine.to(gl.int64)) // stages_mine).to(gl.int32)
                 while z_done < z_target:
-                    _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, n_tiles)
+                    _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, z_tiles)
                     z_done += 1
     if TAIL_BY_PRODUCER:
         while z_done < z_mine:  # all of it when this program has no real items
-            _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, n_tiles)
+            _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, z_tiles)
             z_done += 1
         tma.store_wait(0)
 
 
 @gluon.jit
-def _store_tile(acc, o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, stride_om, num_warps: gl.constexpr):
-    """The accumulator's tile (rows from ``row_lo``, columns from ``col0``) to ``out``, through
-    shared memory: a tile wholly inside its segment by a TMA store (clipped at NvS and N), a
-    tile cut by its segment's end read back in a coalesced layout and stored with a row mask."""
-    BLOCK_M: gl.constexpr = acc.shape[0]
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    tma.store_wait(0)  # the previous store has read o_buf
-    o_buf.store(acc.to(o_desc.dtype))
+def _flush_tile(o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, stride_om, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+    """The staged tile in ``o_buf`` (rows from ``row_lo``, columns from ``col0``) to ``out``: a tile
+    wholly inside its segment by a TMA store (clipped at NvS and N), a tile cut by its segment's
+    end read back in a coalesced layout and stored with a row mask."""
     if (row_lo >= 0) & (row_lo + BLOCK_M <= end):
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [row_lo, col0], o_buf)
@@ -203,11 +201,98 @@ def _store_tile(acc, o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, str
 
 
 @gluon.jit
+def _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexpr, BY_WEIGHT: gl.constexpr,
+                     WARPS: gl.constexpr):
+    """Whether every row of the tile's upper half ``[row_lo + BLOCK_M/2, row_lo + BLOCK_M)`` lies
+    past its segment's end or (``BY_WEIGHT``) has route weight 0: MoonEP's padding rows, whose
+    output is zero. A NaN weight is not 0: such a row is computed."""
+    HALF: gl.constexpr = BLOCK_M // 2
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    rows = row_lo + HALF + gl.arange(0, HALF, layout=lay)
+    live = (rows >= 0) & (rows < gl.minimum(end, NUM_ROWS))
+    if BY_WEIGHT:
+        live = live & (gl.load(rw_ptr + rows, mask=live, other=0.0) != 0.0)
+    return gl.max(live.to(gl.int32), axis=0) == 0
+
+
+@gluon.jit
+def _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, row_lo, col0, end,
+          NUM_ROWS, N, stride_om, cnt, k_iters, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          STAGES: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr, STACK: gl.constexpr,
+          PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+    """One item: the main loop over the ring from position ``cnt``, the fused epilogue, the store.
+    ``ROWS == BLOCK_M / 2``: the upper half is idle (:func:`_upper_half_idle`), so the MMAs read
+    only the lower half of each ``a`` stage (the warpgroups split the columns instead of the rows)
+    and the upper half is stored as zeros."""
+    if ROWS == BLOCK_M:
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])
+    else:
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
+                                                             instr_shape=[16, BLOCK_N // (WARPS // 4), 16])
+    wide_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                          instr_shape=[16, 2 * BLOCK_N, 16])
+    if STACK:
+        acc_w = gl.zeros([ROWS, 2 * BLOCK_N], gl.float32, wide_layout)
+    else:
+        acc = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
+        acc_u = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
+    for kk in range(k_iters):
+        s = cnt % STAGES
+        mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
+        if ROWS == BLOCK_M:
+            a_s = a_bufs.index(s)
+        else:
+            a_s = a_bufs.index(s).slice(0, ROWS)
+        # At most this step's MMAs in flight: the previous step's are done, so its stage can be refilled.
+        if STACK:
+            acc_w = warpgroup_mma(a_s, wide_bufs.index(s).permute((1, 0)), acc_w, is_async=True)
+            acc_w = warpgroup_mma_wait(1, deps=(acc_w, ))
+        else:
+            acc = warpgroup_mma(a_s, w_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            if FUSED:
+                acc_u = warpgroup_mma(a_s, u_bufs.index(s).permute((1, 0)), acc_u, is_async=True)
+                acc, acc_u = warpgroup_mma_wait(2, deps=(acc, acc_u))
+            else:
+                acc = warpgroup_mma_wait(1, deps=(acc, ))
+        mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1, pred=kk > 0)
+        cnt += 1
+    if CONSUMERS == 2:
+        mbarrier.arrive(turn.index(1 - PARITY), count=1)  # every stage of this item has landed
+    if STACK:
+        acc_w = warpgroup_mma_wait(0, deps=(acc_w, ))
+        # Columns [0, BLOCK_N) are gate, [BLOCK_N, 2 * BLOCK_N) up: in the wgmma layout the
+        # top column bit is a register bit, so the split moves no data (asserted).
+        gate, up = gl.split(gl.permute(gl.reshape(acc_w, [ROWS, 2, BLOCK_N]), [0, 2, 1]))
+        acc = gl.convert_layout(gate, acc_layout, assert_trivial=True)
+        acc_u = gl.convert_layout(up, acc_layout, assert_trivial=True)
+    elif FUSED:
+        acc, acc_u = warpgroup_mma_wait(0, deps=(acc, acc_u))
+    else:
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+    if FUSED:  # silu(gate) * up * route weight on the fp32 accumulators
+        acc = acc / (1.0 + gl.exp(-acc)) * acc_u
+        if HAS_WEIGHTS:
+            rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+            rmask = (rows >= 0) & (rows < gl.minimum(end, NUM_ROWS))
+            acc = acc * gl.load(rw_ptr + rows, mask=rmask, other=0.0)[:, None]
+    tma.store_wait(0)  # the previous store has read o_buf
+    if ROWS == BLOCK_M:
+        o_buf.store(acc.to(o_desc.dtype))
+    else:
+        o_buf.slice(0, ROWS).store(acc.to(o_desc.dtype))
+        o_buf.slice(ROWS, BLOCK_M - ROWS).store(gl.zeros([BLOCK_M - ROWS, BLOCK_N], o_desc.dtype, acc_layout))
+    _flush_tile(o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, stride_om, BLOCK_M, BLOCK_N, WARPS)
+
+
+@gluon.jit
 def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS,
               N, K, stride_om, real_items, live_end, tail_items, n_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
               GROUP_MAJOR: gl.constexpr, ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
-              STACK: gl.constexpr, PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+              STACK: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr,
+              PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ``PARITY`` of ``CONSUMERS``: the program's local items ``i = PARITY (mod CONSUMERS)``.
 
     One consumer (``CONSUMERS == 1``, ``WARPS == 8``): both warpgroups share each tile, 64 rows
@@ -220,72 +305,48 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_d
     on a stage a whole lap of the ring ahead, and a parity wait cannot tell that lap from the
     current one.
     """
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                         instr_shape=[16, BLOCK_N, 16])
-    wide_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                          instr_shape=[16, 2 * BLOCK_N, 16])
     o_buf = o_bufs.index(PARITY)
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
     k_iters = gl.cdiv(K, BLOCK_K)
     scale = n_tiles if GROUP_MAJOR else 1
     n_local = gl.cdiv(gl.maximum(real_items - pid, 0), num_progs)
+    HALF: gl.constexpr = SKIP_IDLE_HALF and not STACK
     g = -1
     excl = 0
     incl = 0
     start = 0
     end = 0
     for i in range(PARITY, n_local, CONSUMERS):
-        if CONSUMERS == 2:
+        if CONSUMERS == 2 and not HALF:
             # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
             mbarrier.wait(turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
         item = pid + i * num_progs
         key = item if GROUP_MAJOR else item // n_tiles
         g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
         row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
-        if STACK:
-            acc_w = gl.zeros([BLOCK_M, 2 * BLOCK_N], gl.float32, wide_layout)
-        else:
-            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-            acc_u = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        # Only a segment's last row tile can hold idle rows (past the end, or MoonEP's padding);
+        # the check (a load of 64 weights) is made before waiting for this consumer's turn.
+        idle_upper = False
+        if HALF:
+            if row_lo + BLOCK_M >= end:
+                idle_upper = _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT, WARPS)
+            if CONSUMERS == 2:
+                mbarrier.wait(turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
         cnt = i * k_iters  # the ring position of this item's first stage (the producer's count)
-        for kk in range(k_iters):
-            s = cnt % STAGES
-            mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
-            # At most this step's MMAs in flight: the previous step's are done, so its stage can be refilled.
-            if STACK:
-                acc_w = warpgroup_mma(a_bufs.index(s), wide_bufs.index(s).permute((1, 0)), acc_w, is_async=True)
-                acc_w = warpgroup_mma_wait(1, deps=(acc_w, ))
+        if HALF:
+            if idle_upper:
+                _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, row_lo,
+                      pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, cnt, k_iters, BLOCK_M // 2, BLOCK_M, BLOCK_N,
+                      STAGES, FUSED, HAS_WEIGHTS, STACK, PARITY, CONSUMERS, WARPS)
             else:
-                acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                if FUSED:
-                    acc_u = warpgroup_mma(a_bufs.index(s), u_bufs.index(s).permute((1, 0)), acc_u, is_async=True)
-                    acc, acc_u = warpgroup_mma_wait(2, deps=(acc, acc_u))
-                else:
-                    acc = warpgroup_mma_wait(1, deps=(acc, ))
-            mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1, pred=kk > 0)
-            cnt += 1
-        if CONSUMERS == 2:
-            mbarrier.arrive(turn.index(1 - PARITY), count=1)  # every stage of this item has landed
-        if STACK:
-            acc_w = warpgroup_mma_wait(0, deps=(acc_w, ))
-            # Columns [0, BLOCK_N) are gate, [BLOCK_N, 2 * BLOCK_N) up: in the wgmma layout the
-            # top column bit is a register bit, so the split moves no data (asserted).
-            gate, up = gl.split(gl.permute(gl.reshape(acc_w, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
-            acc = gl.convert_layout(gate, acc_layout, assert_trivial=True)
-            acc_u = gl.convert_layout(up, acc_layout, assert_trivial=True)
-        elif FUSED:
-            acc, acc_u = warpgroup_mma_wait(0, deps=(acc, acc_u))
+                _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, row_lo,
+                      pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, cnt, k_iters, BLOCK_M, BLOCK_M, BLOCK_N,
+                      STAGES, FUSED, HAS_WEIGHTS, STACK, PARITY, CONSUMERS, WARPS)
         else:
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
-        if FUSED:  # silu(gate) * up * route weight on the fp32 accumulators
-            acc = acc / (1.0 + gl.exp(-acc)) * acc_u
-            if HAS_WEIGHTS:
-                rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-                rmask = (rows >= 0) & (rows < gl.minimum(end, NUM_ROWS))
-                acc = acc * gl.load(rw_ptr + rows, mask=rmask, other=0.0)[:, None]
-        _store_tile(acc, o_buf, o_desc, out_ptr, row_lo, pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, WARPS)
+            _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, row_lo,
+                  pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, cnt, k_iters, BLOCK_M, BLOCK_M, BLOCK_N, STAGES,
+                  FUSED, HAS_WEIGHTS, STACK, PARITY, CONSUMERS, WARPS)
 
     if ZERO_TAIL:
         # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
@@ -302,13 +363,13 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_d
 
 @gluon.jit
 def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS, N, K,
-                            stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                            stride_om, Z_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                             STAGES: gl.constexpr, BLOCK_G: gl.constexpr, GROUP_MAJOR: gl.constexpr,
                             ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
                             PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
                             LAUNCH_DEPENDENTS: gl.constexpr, WAIT_PRIOR: gl.constexpr, STACKED: gl.constexpr,
-                            num_warps: gl.constexpr):
+                            SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr, num_warps: gl.constexpr):
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
         # programs take the SMs this grid's programs leave and wait for this grid's memory.
@@ -324,6 +385,7 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
         real_tiles += gl.sum((gl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M, 0)
     live_end = gl.minimum(gl.maximum(gl.load(cu_ptr + G - 1), 0), NUM_ROWS)
     n_tiles = gl.cdiv(N, BLOCK_N)
+    z_tiles = gl.cdiv(Z_N, z_desc.block_type.shape[1])  # column chunks of the tail the producer zeroes
     real_items = real_tiles * n_tiles
     tail_items = gl.cdiv(NUM_ROWS - live_end, BLOCK_M) * n_tiles
 
@@ -365,13 +427,15 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
             (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
                          NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
                          BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
+                         SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
                          0, 2, num_warps)),
             (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
                          NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
                          BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
+                         SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
                          1, 2, num_warps)),
             (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
-                         NUM_ROWS, N, K, real_items, live_end, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
+                         NUM_ROWS, N, K, real_items, live_end, n_tiles, z_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
                          GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK)),
         ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -379,9 +443,10 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
             (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
                          NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
                          BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
+                         SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
                          0, 1, num_warps)),
             (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
-                         NUM_ROWS, N, K, real_items, live_end, n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
+                         NUM_ROWS, N, K, real_items, live_end, n_tiles, z_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
                          GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK)),
         ], [1], [PRODUCER_REGS])
 
@@ -391,9 +456,11 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
 ZERO_ROWS = 8
 
 
-def descriptors(a, w, u, out, block_m: int, block_n: int, block_k: int):
+def descriptors(a, w, u, out, block_m: int, block_n: int, block_k: int, tail_out=None):
     """Gluon TMA descriptors: ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]`` matrix, ``out [NvS, N]``
-    by output tile, and ``out`` again by ``ZERO_ROWS x block_n`` chunk (the producer's tail zeroing)."""
+    by output tile, and ``out`` again (or ``tail_out``) by ``ZERO_ROWS x block_n`` chunk (the
+    producer's tail zeroing)."""
+    z = out if tail_out is None else tail_out
     g, n, k = w.shape
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
     a_l = gl.NVMMASharedLayout.get_default_for([block_m, block_k], dt)
@@ -404,25 +471,40 @@ def descriptors(a, w, u, out, block_m: int, block_n: int, block_k: int):
             TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [block_n, block_k], w_l),
             TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [block_n, block_k], w_l),
             TensorDescriptor(out, list(out.shape), list(out.stride()), [block_m, block_n], o_l),
-            TensorDescriptor(out, list(out.shape), list(out.stride()), [ZERO_ROWS, block_n], z_l))
+            TensorDescriptor(z, list(z.shape), list(z.stride()), [ZERO_ROWS, block_n], z_l))
+
+
+def _weights_ptr(a, route_weights, idle_weights):
+    """The kernel's ``rw_ptr``: the route weights, else the idle-row weights, else ``a`` (unused)."""
+    return route_weights if route_weights is not None else a if idle_weights is None else idle_weights
 
 
 def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, zero_tail: bool, descs,
-                 pdl: str = "") -> dict:
+                 pdl: str = "", idle_weights=None, tail_out=None) -> dict:
     """Every kernel argument by name (unused pointers point at ``a``). ``pdl``: "primary" (the next
     kernel may launch early), "dependent" (launched early behind the kernel that writes ``a``; the
-    launch itself needs ``launch_pdl=True``) or ""."""
+    launch itself needs ``launch_pdl=True``) or "". ``idle_weights`` (plain GEMM): ``[NvS]`` fp32
+    whose zeros mark rows of ``a`` that are zero (the ``experts`` op's ``act`` where the route
+    weight is 0), so that a tile's upper half of such rows is skipped like its route-weight-0 rows
+    in the fused GEMM. ``tail_out``: ``[NvS, *]``, another tensor whose tail rows the producer warp
+    zeroes, instead of this kernel's own ``out``'s (the experts op's fused GEMM zeroing the down
+    GEMM's output tail while it computes)."""
     g, n, k = w.shape
+    if tail_out is not None and zero_tail:
+        raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
     return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], z_desc=descs[4], out_ptr=out,
-                rw_ptr=a if route_weights is None else route_weights, cu_ptr=cu_seqlens, G=g,
+                rw_ptr=_weights_ptr(a, route_weights, idle_weights), cu_ptr=cu_seqlens, G=g,
                 NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
+                Z_N=n if tail_out is None else tail_out.shape[1],
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
                 BLOCK_G=max(16, min(1024, triton.next_power_of_2(g))), GROUP_MAJOR=cfg.group_major,
-                ZERO_TAIL=zero_tail, FUSED=w_up is not None, HAS_WEIGHTS=route_weights is not None,
+                ZERO_TAIL=zero_tail or tail_out is not None, FUSED=w_up is not None, HAS_WEIGHTS=route_weights is not None,
                 PINGPONG=cfg.pingpong,
                 PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-                TAIL_BY_PRODUCER=cfg.tail_by_producer, LAUNCH_DEPENDENTS=pdl == "primary",
-                WAIT_PRIOR=pdl == "dependent", STACKED=cfg.stacked, num_warps=4 if cfg.pingpong else 8)
+                TAIL_BY_PRODUCER=cfg.tail_by_producer or tail_out is not None, LAUNCH_DEPENDENTS=pdl == "primary",
+                WAIT_PRIOR=pdl == "dependent", STACKED=cfg.stacked, SKIP_IDLE_HALF=cfg.skip_idle_half,
+                SKIP_BY_WEIGHT=route_weights is not None or idle_weights is not None,
+                num_warps=4 if cfg.pingpong else 8)
 
 
 def _fast_descriptor(base, shape, strides, block_shape, layout):
@@ -436,22 +518,31 @@ def _fast_descriptor(base, shape, strides, block_shape, layout):
 _PLANS: dict = {}
 
 
+# run_gluon_gemm's result when it also zeroed ``tail_out``'s tail (truthy, like True: the kernel ran).
+TOOK_TAIL = 2
+
+
 def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail: bool = True,
-                   pdl: str = "") -> bool:
+                   pdl: str = "", idle_weights=None, tail_out=None):
     """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
     SwiGLU GEMM. ``choose(a, w, w_up, out) -> GluonConfig | None`` (None: these operands are not
     for this kernel, e.g. TMA cannot address them) runs once per static signature; returns
-    whether the kernel ran (or had nothing to do). The first call per signature compiles and
-    launches through Triton's JIT and keeps the compiled kernel; later calls launch it directly
-    (:mod:`.fast_launch`), with descriptors rebuilt from the cached geometry. ``pdl``: see
-    :func:`_kernel_args` (a "dependent" launch must directly follow the kernel that writes ``a``)."""
-    if a.shape[0] == 0 or w.shape[1] == 0:
+    whether the kernel ran (or had nothing to do): False, True, or :data:`TOOK_TAIL` when it also
+    zeroed ``tail_out``'s tail rows, which a fused config with ``takes_out_tail`` does (the others
+    leave ``tail_out`` alone). The first call per signature compiles and launches through Triton's
+    JIT and keeps the compiled kernel; later calls launch it directly (:mod:`.fast_launch`), with
+    descriptors rebuilt from the cached geometry. ``pdl``: see :func:`_kernel_args` (a "dependent"
+    launch must directly follow the kernel that writes ``a``; ``idle_weights`` there too)."""
+    if w.shape[1] == 0:
         return True
+    if a.shape[0] == 0:
+        return True if tail_out is None else TOOK_TAIL  # no rows: no tail either
     u = w if w_up is None else w_up
-    rw = a if route_weights is None else route_weights
+    rw = _weights_ptr(a, route_weights, idle_weights)
     key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), out.stride(), a.dtype, a.device, w_up is None,
-           route_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16, rw.data_ptr() % 16,
-           out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, zero_tail, pdl)
+           route_weights is None, idle_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16,
+           rw.data_ptr() % 16, out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, zero_tail, pdl,
+           None if tail_out is None else (tail_out.shape, tail_out.stride(), tail_out.data_ptr() % 16))
     entry = _PLANS.get(key)
     if entry is False:
         return False
@@ -462,8 +553,10 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
         if cfg is None:
             _PLANS[key] = False
             return False
-        descs = descriptors(a, w, u, out, cfg.block_m, cfg.block_n, cfg.block_k)
-        kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl)
+        tail = tail_out if cfg.takes_out_tail and w_up is not None else None
+        descs = descriptors(a, w, u, out, cfg.block_m, cfg.block_n, cfg.block_k, tail)
+        kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl, idle_weights,
+                              tail)
         items = triton_grouped_gemm.num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1],
                                                                                                    cfg.block_n)
         grid = (max(1, min(_num_programs(a.device), items)), )
@@ -472,18 +565,20 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
         if fast_launch.ENABLED and hasattr(kernel, "run"):
             geos = [(list(d.shape), list(d.strides), list(d.block_shape), d.layout) for d in descs]
             names = _ws_grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
-            _PLANS[key] = (kernel, grid, geos, [kwargs[name] for name in names[names.index("BLOCK_M"):]])
-        return True
-    kernel, grid, geos, constexprs = entry
-    descs = [_fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out, out), geos)]
-    fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, *_runtime_ints(a, w, out),
+            _PLANS[key] = (kernel, grid, geos, [kwargs[name] for name in names[names.index("BLOCK_M"):]],
+                           tail is not None)
+        return True if tail is None else TOOK_TAIL
+    kernel, grid, geos, constexprs, took_tail = entry
+    z = tail_out if took_tail else out
+    descs = [_fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out, z), geos)]
+    fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, *_runtime_ints(a, w, out, z),
                                                *constexprs])
-    return True
+    return TOOK_TAIL if took_tail else True
 
 
-def _runtime_ints(a, w, out):
+def _runtime_ints(a, w, out, z):
     g, n, k = w.shape
-    return g, a.shape[0], n, k, out.stride(0)
+    return g, a.shape[0], n, k, out.stride(0), z.shape[1]
 
 
 def _num_programs(device: torch.device) -> int:
@@ -494,10 +589,12 @@ def _num_programs(device: torch.device) -> int:
 
 
 def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=None, zero_tail=True, pdl="",
-           **cfg):
-    """Launch with an explicit config (probes, tests): ``cfg`` are :class:`GluonConfig` fields."""
+           idle_weights=None, tail_out=None, **cfg):
+    """Launch with an explicit config (probes, tests): ``cfg`` are :class:`GluonConfig` fields
+    (``takes_out_tail`` is the caller's business here: ``tail_out`` is used when given)."""
     config = GluonConfig(**cfg)
     u = w if w_up is None else w_up
-    descs = descriptors(a, w, u, out, config.block_m, config.block_n, config.block_k)
-    kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl)
+    descs = descriptors(a, w, u, out, config.block_m, config.block_n, config.block_k, tail_out)
+    kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl, idle_weights,
+                          tail_out)
     return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))
