@@ -8,7 +8,8 @@ empty groups (leading, inner, trailing), segments longer than one row tile, odd 
 and fp32; on Hopper the default path (the Gluon forward kernels on sm90), the Triton TMA path
 (``MOONEP_OPS_GLUON=0``) and the portable path. Then every op with bad cu_seqlens
 values (decreasing, negative, past NvS, int32 extremes): unspecified results, but no
-out-of-bounds access. Every case is also checked against the float64 reference.
+out-of-bounds access. Every case is also checked against the float64 reference. On sm90, the
+Gluon paths that only large problems take (idle upper halves, another tensor's tail), forced.
 
 Prints one line per case and ``SANITIZE_CASES ran=<n> failed=<m>``; exits 1 if any failed.
 ``--device cpu`` runs the same cases on the CPU kernels (a dry run of this script).
@@ -99,6 +100,22 @@ def main():
                         continue  # composites of the public API: the same kernels again
                     _run(f"{mode} {str(dtype)[6:]} {pname} {spec.name}",
                          lambda: check(spec, p, device, repeat=False), results)
+    # Gluon kernel paths the config table takes only on large problems, forced on small ones
+    # (tests/test_cuda_gluon.py's cases, their checks included): idle upper halves, skipped by
+    # segment end and by route weight 0, and the fused GEMM zeroing another tensor's tail.
+    if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
+        _set_mode("default")
+        from moonep_ops.kernels import cuda as cuda_kernels
+
+        if cuda_kernels._gluon_importable():
+            from tests import test_cuda_gluon as tg
+
+            for name in tg.IDLE_CONFIGS:
+                _run(f"gluon idle_half {name}", lambda: tg.test_idle_upper_halves_are_skipped_exactly_where_they_should(
+                    name), results)
+            for name in ("pingpong_n64_s6", "coop_n128_s4"):
+                _run(f"gluon tail_out {name}", lambda: tg.test_fused_zeroes_the_tail_of_another_tensor(
+                    tg.GLUON_LAYOUTS[3], tg.FUSED[name]), results)
     # Invalid cu_seqlens values: the CUDA kernels must stay in bounds (no values to check).
     for mode in [m for m in modes if m != "portable"]:
         _set_mode(mode)
