@@ -14,7 +14,10 @@ for a dense bf16 ``torch.mm`` (8192^3) and a 4 GiB copy: the ceilings under the 
 throughout: the experts op's Gluon pair with the committed configs ("table") and with the
 overrides of ``AB_SETS[SET]`` ("stacked": the fused GEMM's gate/up tiles stacked, one 64x256
 wgmma per warpgroup, fewer shared-memory reads; "energy": that and other tile shapes of either
-GEMM; "combo": the winners of "energy", alone and together). Under the power cap the board's
+GEMM; "combo": the winners of "energy", alone and together; "idle_half": idle upper halves
+skipped in neither GEMM or in both; "out_tail": the output's tail zeroed by the fused GEMM or by
+the down GEMM). ``--cool`` times the same candidates in interleaved short bursts instead
+(benchmarks/probe.py's rounds: a cool board's ranking). Under the power cap the board's
 energy per call decides the time, and that can rank candidates differently from a cool-board
 probe. The overrides apply to the table as it is when run: the committed results
 (``power_h200_ab_energy.json``, ``power_h200_ab_combo.json``) were measured against the eleventh
@@ -26,7 +29,8 @@ its slots. Results are checked against the first candidate before timing.
 
 Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
     [--seconds 4] [--idle 3] [--out power.json]
-       python -m benchmarks.power --ab {stacked,energy,combo,idle_half,out_tail} [--cool] [--shapes 1,4] [--rounds 5] [--seconds 1]
+       python -m benchmarks.power --ab {stacked,energy,combo,idle_half,out_tail} [--cool] [--shapes 1,4]
+           [--rounds 5] [--seconds 1]
 """
 
 import argparse

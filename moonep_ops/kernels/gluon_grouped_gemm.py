@@ -29,6 +29,13 @@ What Gluon lets us write that Triton 3.6's compiler does not produce here (measu
 - Programmatic dependent launch (``LAUNCH_DEPENDENTS`` / ``WAIT_PRIOR``, the ``experts`` op's
   pair): the dependent down kernel's producer issues its first item's weight loads, then
   executes ``griddepcontrol.wait`` before its first load of ``a`` (``act``).
+- Idle upper halves (``SKIP_IDLE_HALF``): a segment's last row tile whose upper 64 rows all lie
+  past the end or have route weight 0 (``SKIP_BY_WEIGHT``: MoonEP's padding; the fused GEMM's
+  own weights, or the experts op's passed to its down GEMM) runs its MMAs on the lower half
+  (warpgroups split by columns) and stores zeros above. Picked only where measured faster: a
+  tile that finishes early breaks the step of the programs sharing its weight tiles.
+- Another tensor's tail (``tail_out``): the experts op's fused GEMM zeroes ``out``'s tail rows
+  from its producer warp, so that the down GEMM writes only real rows.
 - ``STACKED`` (fused, a probe candidate that no table picks yet): the gate and up tiles of a
   stage stacked in one buffer, so that one wgmma of ``2 * BLOCK_N`` columns reads each ``a``
   slice once for both; the accumulator is split in registers for the epilogue.
@@ -114,13 +121,15 @@ def _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, k0, FUSED: gl
 
 @gluon.jit
 def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G, NUM_ROWS, N,
-              K, real_items, live_end, n_tiles, z_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              K, real_items, live_end, n_tiles, z_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              BLOCK_K: gl.constexpr,
               STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
               WAIT_PRIOR: gl.constexpr, STACK: gl.constexpr):
     """TMA loads into the ring, item after item. With ``TAIL_BY_PRODUCER`` it also zeroes this
-    program's share of the tail rows, by TMA stores of a zeroed ``ZROWS x BLOCK_N`` buffer spread
-    evenly over its loads: the tail's writes overlap the GEMM instead of forming a write-only
-    phase at the end. With ``WAIT_PRIOR`` (launched as a programmatic dependent of the kernel that
+    program's share of the tail rows of ``z_desc``'s tensor (this kernel's ``out``, or the experts
+    op's ``out`` for its fused GEMM: ``z_tiles`` column chunks), by TMA stores of a zeroed
+    ``ZROWS``-row buffer spread evenly over its loads: the tail's writes overlap the GEMM instead
+    of forming a write-only phase at the end. With ``WAIT_PRIOR`` (launched as a programmatic dependent of the kernel that
     writes ``a``) the first item's weight loads are issued before ``griddepcontrol.wait``, its
     ``a`` loads after."""
     pid = gl.program_id(0)
@@ -498,7 +507,8 @@ def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, z
                 Z_N=n if tail_out is None else tail_out.shape[1],
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
                 BLOCK_G=max(16, min(1024, triton.next_power_of_2(g))), GROUP_MAJOR=cfg.group_major,
-                ZERO_TAIL=zero_tail or tail_out is not None, FUSED=w_up is not None, HAS_WEIGHTS=route_weights is not None,
+                ZERO_TAIL=zero_tail or tail_out is not None, FUSED=w_up is not None,
+                HAS_WEIGHTS=route_weights is not None,
                 PINGPONG=cfg.pingpong,
                 PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
                 TAIL_BY_PRODUCER=cfg.tail_by_producer or tail_out is not None, LAUNCH_DEPENDENTS=pdl == "primary",
