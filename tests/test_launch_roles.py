@@ -201,3 +201,32 @@ def test_empty_reduction_takes_no_tma():
     w_kn = torch.empty(2, 64, 64, dtype=torch.bfloat16).transpose(1, 2)  # the dgrad's transposed view
     assert triton_grouped_gemm.tma_usable_kn(a, w_kn, 64)
     assert not triton_grouped_gemm.tma_usable_kn(a[:0], w_kn[:0], 64)
+
+
+def test_down_gemm_zeroes_the_tail_unless_the_fused_gemm_took_it(monkeypatch):
+    """The experts op's output tail is zeroed exactly once: by the fused Gluon GEMM when its config
+    takes it (``run_gluon_gemm`` answers ``TOOK_TAIL``), else by the down GEMM, on whichever
+    kernel that runs (a Triton down GEMM after a Gluon fused one included)."""
+    _gluon_or_skip()
+    from moonep_ops.kernels import gluon_grouped_gemm
+
+    monkeypatch.setattr(cuda, "capability_of", lambda t: (9, 0))
+    for var in ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE", "MOONEP_OPS_NO_PDL"):
+        monkeypatch.delenv(var, raising=False)
+    for takes, down_on_gluon in ((True, True), (False, True), (True, False)):
+        calls = []
+
+        def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True, pdl="", idle_weights=None,
+                           tail_out=None):
+            if w_up is None and not down_on_gluon:
+                return False
+            calls.append(("gluon", w_up is not None, zero_tail, tail_out is not None))
+            return gluon_grouped_gemm.TOOK_TAIL if w_up is not None and takes and tail_out is not None else True
+
+        monkeypatch.setattr(gluon_grouped_gemm, "run_gluon_gemm", run_gluon_gemm)
+        monkeypatch.setattr(triton_grouped_gemm, "run_moe_gemm",
+                            lambda a, w, w_up, *args, zero_tail=True, pdl="", **kw:
+                            calls.append(("triton", w_up is not None, zero_tail, False)))
+        _experts_bf16()
+        down = "gluon" if down_on_gluon else "triton"
+        assert calls == [("gluon", True, False, True), (down, False, not takes, False)], (takes, down_on_gluon)
