@@ -285,22 +285,20 @@ def run_ab(args, sampler, record) -> None:
         if args.cool:  # interleaved short bursts (benchmarks/probe.py): the cool board's ranking
             from .probe import time_interleaved
 
-            for name, r in time_interleaved(ok, args.rounds, 10).items():
-                r.update(shape=shape.name, padding=args.padding, path=name, floor_us=floor, eff=floor / r["us"],
-                         cool=True)
-                record(r)
-                print(f"{shape.name:<28} {name:<16} cool {r['us']:8.1f} us (eff {r['eff']:.2f})  "
-                      f"rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}", flush=True)
-            del fns, out, ref
-            torch.cuda.empty_cache()
-            continue
-        for name, r in sustained_ab(ok, args.rounds, args.seconds, sampler).items():
-            r.update(shape=shape.name, padding=args.padding, path=name, floor_us=floor, eff=floor / r["us"])
+            results = time_interleaved(ok, args.rounds, 10)
+        else:
+            results = sustained_ab(ok, args.rounds, args.seconds, sampler)
+        for name, r in results.items():
+            r.update(shape=shape.name, padding=args.padding, path=name, floor_us=floor, eff=floor / r["us"],
+                     **({"cool": True} if args.cool else {}))
             record(r)
-            print(f"{shape.name:<28} {name:<14} sustained {r['us']:8.1f} us (eff {r['eff']:.2f})  "
-                  f"rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}  {_num(r['power_w'], '5.0f')} W  "
-                  f"{_num(r['joules_per_call'] and r['joules_per_call'] * 1e3, '6.1f')} mJ/call  "
-                  f"{_num(r['sm_mhz'], '5.0f')} MHz", flush=True)
+            line = (f"{shape.name:<28} {name:<16} {'cool' if args.cool else 'sustained'} {r['us']:8.1f} us "
+                    f"(eff {r['eff']:.2f})  rounds {' '.join(f'{t:.0f}' for t in r['rounds_us'])}")
+            if not args.cool:
+                line += (f"  {_num(r['power_w'], '5.0f')} W  "
+                         f"{_num(r['joules_per_call'] and r['joules_per_call'] * 1e3, '6.1f')} mJ/call  "
+                         f"{_num(r['sm_mhz'], '5.0f')} MHz")
+            print(line, flush=True)
         del fns, out, ref
         torch.cuda.empty_cache()
 

@@ -129,9 +129,9 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
     program's share of the tail rows of ``z_desc``'s tensor (this kernel's ``out``, or the experts
     op's ``out`` for its fused GEMM: ``z_tiles`` column chunks), by TMA stores of a zeroed
     ``ZROWS``-row buffer spread evenly over its loads: the tail's writes overlap the GEMM instead
-    of forming a write-only phase at the end. With ``WAIT_PRIOR`` (launched as a programmatic dependent of the kernel that
-    writes ``a``) the first item's weight loads are issued before ``griddepcontrol.wait``, its
-    ``a`` loads after."""
+    of forming a write-only phase at the end. With ``WAIT_PRIOR`` (launched as a programmatic
+    dependent of the kernel that writes ``a``) the first item's weight loads are issued before
+    ``griddepcontrol.wait``, its ``a`` loads after."""
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
     k_iters = gl.cdiv(K, BLOCK_K)
