@@ -16,7 +16,8 @@ overrides of ``AB_SETS[SET]`` ("stacked": the fused GEMM's gate/up tiles stacked
 wgmma per warpgroup, fewer shared-memory reads; "energy": that and other tile shapes of either
 GEMM; "combo": the winners of "energy", alone and together; "idle_half": idle upper halves
 skipped in neither GEMM or in both; "out_tail": the output's tail zeroed by the fused GEMM or by
-the down GEMM). ``--cool`` times the same candidates in interleaved short bursts instead
+the down GEMM; "split_epilogue": kimi-k2's down GEMM with three stages, with and without a split
+epilogue, against the table's). ``--cool`` times the same candidates in interleaved short bursts instead
 (benchmarks/probe.py's rounds: a cool board's ranking). Under the power cap the board's
 energy per call decides the time, and that can rank candidates differently from a cool-board
 probe. The overrides apply to the table as it is when run: the committed results
@@ -29,7 +30,8 @@ its slots. Results are checked against the first candidate before timing.
 
 Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
     [--seconds 4] [--idle 3] [--out power.json]
-       python -m benchmarks.power --ab {stacked,energy,combo,idle_half,out_tail} [--cool] [--shapes 1,4]
+       python -m benchmarks.power --ab {stacked,energy,combo,idle_half,out_tail,split_epilogue}
+           [--cool] [--shapes 1,4]
            [--rounds 5] [--seconds 1]
 """
 
@@ -226,6 +228,13 @@ AB_SETS = {
     },
     # The down GEMM's output tail zeroed by the fused GEMM's producer warp while it computes
     # (fifteenth session), or by the down GEMM (its consumers or producer, as its config says).
+    # Split epilogue (sixteenth session): kimi-k2's down GEMM in 128x256 tiles with four stages,
+    # the tile stored in two column halves through a 32 KiB buffer; against the three stages and
+    # the whole-tile buffer it had, and against three stages with the split epilogue (its cost alone).
+    "split_epilogue": {
+        "down_s3": ({}, {"stages": 3, "epilogue_n": 0}),
+        "down_s3_split": ({}, {"stages": 3, "epilogue_n": 128}),
+    },
     "out_tail": {
         "fused_takes_tail": ({"takes_out_tail": True}, {}),
         "down_keeps_tail": ({"takes_out_tail": False}, {}),

@@ -191,6 +191,11 @@ GLUON_CANDIDATES = [
     (False, dict(pingpong=False, block_k=128, stages=3)),
     (False, dict(pingpong=False, block_n=256, stages=3)),
     (False, dict(stages=5, tail_by_producer=False)),
+    # split epilogues (two column halves through a half-size buffer), with the idle-half path too
+    (False, dict(pingpong=False, block_n=256, stages=4, epilogue_n=128, skip_idle_half=True)),
+    (False, dict(pingpong=False, block_n=256, stages=4, epilogue_n=128, tail_by_producer=False)),
+    (False, dict(stages=6, epilogue_n=64, skip_idle_half=True)),
+    (True, dict(pingpong=False, stages=4, epilogue_n=64, skip_idle_half=True)),
 ]
 
 

@@ -20,6 +20,8 @@
 #             only when named; PROBE_SHAPES, PADDINGS, GLUON_AB=tail_pdl as in that module)
 #   power:    power draw, SM clock and per-call time, cool and sustained (benchmarks.power; only
 #             when named; PROBE_SHAPES picks shapes, POWER_ARGS adds e.g. "--ab energy --seconds 1")
+#   ncu:      Nsight Compute on the experts op's two Gluon kernels (benchmarks.profile_pair, the
+#             calls in its NVTX range "profile"; only when named; PROBE_SHAPES picks shapes, default 4,1)
 #   dram:     DRAM rates (benchmarks.dram_layout: reads in the kernels' strided TMA boxes vs
 #             contiguous ones, plain loads, a copy, writes alone; only when named)
 #   PYTEST_K / FUZZ_K: a pytest -k filter for the tests/portable steps / the fuzz step (a re-run
@@ -149,6 +151,14 @@ if [[ "$steps" == *" probe "* ]]; then
       > "$OUT/ncu.txt" 2>&1
     echo "ncu rc=$? ($(grep -c 'Duration' "$OUT/ncu.txt") kernels)" | tee -a "$OUT/summary.txt"
   fi
+fi
+if [[ "$steps" == *" ncu "* ]]; then
+  timeout ${NCU_TIMEOUT:-300} ncu --clock-control none --nvtx --nvtx-include "profile/" \
+    -k regex:_ws_grouped_gemm_kernel --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \
+    python3 -m benchmarks.profile_pair --shapes ${PROBE_SHAPES:-4,1} > "$OUT/ncu_pair.txt" 2>&1
+  echo "ncu rc=$? ($(grep -c 'Duration' "$OUT/ncu_pair.txt") kernels)" | tee -a "$OUT/summary.txt"
 fi
 if [[ "$steps" == *" tune "* ]]; then
   timeout ${TUNE_TIMEOUT:-300} python3 -m benchmarks.tune_backward ${TUNE_ROLES:+--roles $TUNE_ROLES} --out "$OUT/tune_backward.json" 2>&1 | tee "$OUT/tune_backward.log" | tail -n 24

@@ -102,7 +102,8 @@ def main():
                          lambda: check(spec, p, device, repeat=False), results)
     # Gluon kernel paths the config table takes only on large problems, forced on small ones
     # (tests/test_cuda_gluon.py's cases, their checks included): idle upper halves, skipped by
-    # segment end and by route weight 0, and the fused GEMM zeroing another tensor's tail.
+    # segment end and by route weight 0, the fused GEMM zeroing another tensor's tail, and split
+    # epilogues.
     if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
         _set_mode("default")
         from moonep_ops.kernels import cuda as cuda_kernels
@@ -116,6 +117,12 @@ def main():
             for name in ("pingpong_n64_s6", "coop_n128_s4"):
                 _run(f"gluon tail_out {name}", lambda: tg.test_fused_zeroes_the_tail_of_another_tensor(
                     tg.GLUON_LAYOUTS[3], tg.FUSED[name]), results)
+            # split epilogues on partial tiles (segments cut mid-tile, N not a multiple of the tile)
+            for name in ("coop_n256_s4_split", "coop_n256_split_tail_by_consumers", "pingpong_n128_s6_split"):
+                _run(f"gluon split {name}", lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16),
+                     results)
+            _run("gluon split fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["coop_n128_s4_split"], True),
+                 results)
     # Invalid cu_seqlens values: the CUDA kernels must stay in bounds (no values to check).
     for mode in [m for m in modes if m != "portable"]:
         _set_mode(mode)

@@ -29,6 +29,12 @@ PLAIN = {
     "pingpong_tail_by_consumers": dict(stages=5, tail_by_producer=False),
     "coop_tail_by_consumers": dict(pingpong=False, stages=6, tail_by_producer=False),
     "coop_k128_s3": dict(pingpong=False, block_k=128, stages=3),  # a probe candidate (BLOCK_K 128)
+    # Split epilogues (the tile leaves in two column halves through a half-size buffer, which
+    # leaves room for another stage), with the tail zeroed by the producer and by the consumers.
+    "coop_n256_s4_split": dict(pingpong=False, block_n=256, stages=4, epilogue_n=128),
+    "coop_n256_split_tail_by_consumers": dict(pingpong=False, block_n=256, stages=4, epilogue_n=128,
+                                              tail_by_producer=False),
+    "pingpong_n128_s6_split": dict(stages=6, epilogue_n=64),
 }
 FUSED = {
     "pingpong_n64_s6": dict(block_n=64, stages=6),
@@ -38,6 +44,7 @@ FUSED = {
     # Probe candidates: gate and up tiles stacked, one wgmma of 2 * block_n columns.
     "pingpong_n64_stacked": dict(block_n=64, stages=6, stacked=True),
     "coop_n128_stacked": dict(pingpong=False, stages=4, stacked=True),
+    "coop_n128_s4_split": dict(pingpong=False, stages=4, epilogue_n=64),  # a split epilogue
 }
 # TMA needs 16-byte row strides: K and N multiples of 8. Partial tiles (segments not multiples of
 # 128), empty groups, a tail, N and K not multiples of the blocks, G > 1024 (the chunked scan), a
@@ -135,8 +142,10 @@ def test_config_table_picks_each_consumer_scheme():
     assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
     assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
     for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages
-        assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(block_n=256, stages=3, pingpong=False,
-                                                                         skip_idle_half=nvs < 32768)
+        split = nvs == 20480  # S=1024: four stages and a split epilogue (power_h200_ab_split_epilogue*.json)
+        assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(
+            block_n=256, stages=4 if split else 3, pingpong=False, skip_idle_half=nvs < 32768,
+            epilogue_n=128 if split else 0)
         assert pick(2048, 7168, nvs, fused=False).block_n == 128  # its unfused gate/up GEMMs
     assert pick(8192, 5120, 6144, fused=False).block_n == 128  # llama4's unfused gate/up GEMMs
     assert pick(768, 2048, 48896, fused=False).pingpong  # qwen3's unfused gate/up GEMMs
@@ -212,6 +221,9 @@ IDLE_SEGMENTS = ((256, range(0, 140)), (128, [*range(0, 64), 127]), (128, range(
                  (128, range(0, 11)), (100, range(0, 100)), (40, range(0, 40)), (128, ()))
 IDLE_CONFIGS = {"plain_pingpong": (False, PLAIN["pingpong_n128_s5"]), "plain_coop": (False, PLAIN["coop_n128_s6"]),
                 "plain_coop_n256": (False, PLAIN["coop_n256_s3"]),
+                "plain_coop_n256_split": (False, PLAIN["coop_n256_s4_split"]),
+                "plain_pingpong_split": (False, PLAIN["pingpong_n128_s6_split"]),
+                "fused_coop_split": (True, FUSED["coop_n128_s4_split"]),
                 "fused_pingpong": (True, FUSED["pingpong_n64_s6"]), "fused_coop": (True, FUSED["coop_n128_s4"])}
 
 
@@ -294,20 +306,24 @@ def _zero_padding_weights(layout, rw):
 def test_public_ops_on_moonep_padding_with_zero_weights():
     """The public ops on MoonEP layouts whose padding rows are zero with weight 0 (as dispatch
     writes them), where the config table skips idle upper halves: ``moonep_experts`` whose down
-    GEMM (K = 2048, N = 4096, NvS < 32768) skips by the route weights, and the fused op at
+    GEMM (K = 2048, N = 4096, NvS < 32768; a split epilogue at NvS 16384) skips by the route
+    weights, and the fused op at
     NvS >= 40960 (H < 4096). float64 references, zero tails, zero padding rows."""
     import moonep_ops
 
-    layout = _padded("padded_rw0", (100, 0, 130, 250, 65), 128, extra_tail=300, k=4096, n=2048)
-    assert configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).skip_idle_half
-    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
-    rw = _zero_padding_weights(layout, rw)
-    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
-    ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
-    assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
-    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
-    pad = rw[:layout.total] == 0
-    assert torch.equal(out[:layout.total][pad], torch.zeros_like(out[:layout.total][pad]))
+    # NvS 940, and NvS 16384, where the down GEMM also has a split epilogue (four stages)
+    for extra_tail, split in ((300, False), (16384 - 768, True)):
+        layout = _padded("padded_rw0", (100, 0, 130, 250, 65), 128, extra_tail=extra_tail, k=4096, n=2048)
+        cfg = configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False)
+        assert cfg.skip_idle_half and (cfg.epilogue_n == 128) == split
+        x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+        rw = _zero_padding_weights(layout, rw)
+        out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
+        ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
+        assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+        assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+        pad = rw[:layout.total] == 0
+        assert torch.equal(out[:layout.total][pad], torch.zeros_like(out[:layout.total][pad]))
 
     layout = _padded("wide_fused_rw0", (3000, 0, 100, 7), 128, extra_tail=40960 - 3328, k=256, n=320)
     cfg = configs.gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)

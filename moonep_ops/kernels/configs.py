@@ -44,6 +44,9 @@ class GluonConfig:
     # fused GEMM of the experts op: its producer warp also zeroes the down GEMM's output tail (spread
     # over its loads, while the GEMM computes), so that the down GEMM writes only real rows
     takes_out_tail: bool = False
+    # columns per epilogue store (0: the whole tile; block_n / 2: a split epilogue, whose half-size
+    # buffer leaves shared memory for another stage of the ring)
+    epilogue_n: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +149,13 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     on kimi-k2 decode and S=1024 and on qwen3 S=64, flat on prefill and llama4: picked for the
     NvS >= 40960 fused tiles only.
 
+    A split epilogue for kimi-k2 S=1024's down GEMM (``epilogue_n``, sixteenth session,
+    benchmarks/results/power_h200_ab_split_epilogue*.json): its 128x256 tiles leave in two column
+    halves through a 32 KiB buffer, which makes room for a fourth stage. Nsight Compute had shown
+    that GEMM at 70% of DRAM and 55% of SM throughput, i.e. short of loads in flight. Against three
+    stages: S=1024 -2.6% cool, -0.2% sustained; decode +0.6% / +0.1% and prefill +0.9% / -0.6%,
+    so only 16384 <= NvS < 32768 takes it.
+
     The tail's zeros (benchmarks/results/probe_gluon_h200_tail_pdl.json): written by the producer
     warp between its loads where the reduction is long (K >= 2048: kimi-k2 decode's down GEMM,
     half of whose rows are tail, -2.6%), by the consumers after their items where it is short
@@ -162,9 +172,11 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
         # two accumulators of 64 columns per warpgroup
         return GluonConfig(block_n=64, stages=6, tail_by_producer=tail_by_producer)
     if 2048 <= k < 4096 and n >= 4096:
-        # 48 KiB per stage and a 64 KiB output buffer: three stages fit
-        return GluonConfig(block_n=256, stages=3, pingpong=False, tail_by_producer=tail_by_producer,
-                           skip_idle_half=num_rows < 32768)
+        # 48 KiB per stage and a 64 KiB output buffer: three stages fit; four with a split
+        # epilogue (a 32 KiB buffer, the tile stored in two column halves), picked where it gained
+        split = 16384 <= num_rows < 32768
+        return GluonConfig(block_n=256, stages=4 if split else 3, pingpong=False, tail_by_producer=tail_by_producer,
+                           skip_idle_half=num_rows < 32768, epilogue_n=128 if split else 0)
     if k >= 8192 or (num_rows >= 32768 and k >= 2048):
         return GluonConfig(block_n=128, stages=5, tail_by_producer=tail_by_producer)
     return GluonConfig(block_n=128, stages=6, pingpong=False, tail_by_producer=tail_by_producer)

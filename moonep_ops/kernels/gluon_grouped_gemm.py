@@ -36,6 +36,9 @@ What Gluon lets us write that Triton 3.6's compiler does not produce here (measu
   tile that finishes early breaks the step of the programs sharing its weight tiles.
 - Another tensor's tail (``tail_out``): the experts op's fused GEMM zeroes ``out``'s tail rows
   from its producer warp, so that the down GEMM writes only real rows.
+- A split epilogue (``o_desc``'s block half the tile's columns, ``GluonConfig.epilogue_n``): the
+  tile leaves in two column halves through a half-size buffer, which leaves shared memory for
+  another stage of the ring (kimi-k2's 128x256 down tiles: four stages instead of three).
 - ``STACKED`` (fused, a probe candidate that no table picks yet): the gate and up tiles of a
   stage stacked in one buffer, so that one wgmma of ``2 * BLOCK_N`` columns reads each ``a``
   slice once for both; the accumulator is split in registers for the epilogue.
@@ -286,13 +289,43 @@ def _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, 
             rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
             rmask = (rows >= 0) & (rows < gl.minimum(end, NUM_ROWS))
             acc = acc * gl.load(rw_ptr + rows, mask=rmask, other=0.0)[:, None]
-    tma.store_wait(0)  # the previous store has read o_buf
-    if ROWS == BLOCK_M:
-        o_buf.store(acc.to(o_desc.dtype))
+    EPI_N: gl.constexpr = o_desc.block_type.shape[1]
+    if EPI_N == BLOCK_N:
+        tma.store_wait(0)  # the previous store has read o_buf
+        if ROWS == BLOCK_M:
+            o_buf.store(acc.to(o_desc.dtype))
+        else:
+            o_buf.slice(0, ROWS).store(acc.to(o_desc.dtype))
+            o_buf.slice(ROWS, BLOCK_M - ROWS).store(gl.zeros([BLOCK_M - ROWS, BLOCK_N], o_desc.dtype, acc_layout))
+        _flush_tile(o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, stride_om, BLOCK_M, BLOCK_N, WARPS)
+    elif ROWS == BLOCK_M:
+        # Split epilogue (o_buf holds half the tile's columns, so that the ring gets another stage):
+        # the halves leave one after the other. In the wgmma layout the top column bit is a
+        # register bit, so the split moves no data (asserted).
+        gl.static_assert(2 * EPI_N == BLOCK_N, "the split epilogue stores two halves")
+        half_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                              instr_shape=[16, EPI_N, 16])
+        lo, hi = gl.split(gl.permute(gl.reshape(acc.to(o_desc.dtype), [ROWS, 2, EPI_N]), [0, 2, 1]))
+        tma.store_wait(0)
+        o_buf.store(gl.convert_layout(lo, half_layout, assert_trivial=True))
+        _flush_tile(o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, stride_om, BLOCK_M, EPI_N, WARPS)
+        tma.store_wait(0)
+        o_buf.store(gl.convert_layout(hi, half_layout, assert_trivial=True))
+        _flush_tile(o_buf, o_desc, out_ptr, row_lo, col0 + EPI_N, end, NUM_ROWS, N, stride_om, BLOCK_M, EPI_N, WARPS)
     else:
-        o_buf.slice(0, ROWS).store(acc.to(o_desc.dtype))
-        o_buf.slice(ROWS, BLOCK_M - ROWS).store(gl.zeros([BLOCK_M - ROWS, BLOCK_N], o_desc.dtype, acc_layout))
-    _flush_tile(o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, stride_om, BLOCK_M, BLOCK_N, WARPS)
+        # An idle-upper-half tile with a split epilogue: its warpgroups hold different columns, so
+        # it is stored straight from registers (rare tiles), zeros above, masked at the segment end.
+        live_end = gl.minimum(end, NUM_ROWS)
+        rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        mask = ((rows >= 0) & (rows < live_end))[:, None] & (cols < N)[None, :]
+        gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], acc.to(o_desc.dtype), mask=mask)
+        zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
+        zrows = row_lo + ROWS + gl.arange(0, BLOCK_M - ROWS, layout=gl.SliceLayout(1, zl))
+        zcols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zl))
+        zmask = ((zrows >= 0) & (zrows < live_end))[:, None] & (zcols < N)[None, :]
+        gl.store(out_ptr + zrows.to(gl.int64)[:, None] * stride_om + zcols[None, :],
+                 gl.zeros([BLOCK_M - ROWS, BLOCK_N], o_desc.dtype, zl), mask=zmask)
 
 
 @gluon.jit
@@ -416,7 +449,8 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
         else:
             u_bufs = w_bufs  # unused
         wide_bufs = w_bufs  # unused
-    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, BLOCK_M, BLOCK_N], o_desc.layout)
+    # The epilogue buffer: a whole tile, or half its columns (a split epilogue)
+    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, BLOCK_M, o_desc.block_type.shape[1]], o_desc.layout)
     if PRODUCER_TAIL:
         z_buf = gl.allocate_shared_memory(z_desc.dtype, z_desc.block_type.shape, z_desc.layout)
     else:
@@ -465,22 +499,23 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
 ZERO_ROWS = 8
 
 
-def descriptors(a, w, u, out, block_m: int, block_n: int, block_k: int, tail_out=None):
+def descriptors(a, w, u, out, block_m: int, block_n: int, block_k: int, tail_out=None, epilogue_n: int = 0):
     """Gluon TMA descriptors: ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]`` matrix, ``out [NvS, N]``
-    by output tile, and ``out`` again (or ``tail_out``) by ``ZERO_ROWS x block_n`` chunk (the
-    producer's tail zeroing)."""
+    by output tile (``epilogue_n`` columns of it: half a tile for a split epilogue; 0: all), and
+    ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue_n`` chunk (the producer's tail zeroing)."""
     z = out if tail_out is None else tail_out
     g, n, k = w.shape
+    epi_n = epilogue_n or block_n
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
     a_l = gl.NVMMASharedLayout.get_default_for([block_m, block_k], dt)
     w_l = gl.NVMMASharedLayout.get_default_for([block_n, block_k], dt)
-    o_l = gl.NVMMASharedLayout.get_default_for([block_m, block_n], dt)
-    z_l = gl.NVMMASharedLayout.get_default_for([ZERO_ROWS, block_n], dt)
+    o_l = gl.NVMMASharedLayout.get_default_for([block_m, epi_n], dt)
+    z_l = gl.NVMMASharedLayout.get_default_for([ZERO_ROWS, epi_n], dt)
     return (TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k], a_l),
             TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [block_n, block_k], w_l),
             TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [block_n, block_k], w_l),
-            TensorDescriptor(out, list(out.shape), list(out.stride()), [block_m, block_n], o_l),
-            TensorDescriptor(z, list(z.shape), list(z.stride()), [ZERO_ROWS, block_n], z_l))
+            TensorDescriptor(out, list(out.shape), list(out.stride()), [block_m, epi_n], o_l),
+            TensorDescriptor(z, list(z.shape), list(z.stride()), [ZERO_ROWS, epi_n], z_l))
 
 
 def _weights_ptr(a, route_weights, idle_weights):
@@ -564,7 +599,7 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
             _PLANS[key] = False
             return False
         tail = tail_out if cfg.takes_out_tail and w_up is not None else None
-        descs = descriptors(a, w, u, out, cfg.block_m, cfg.block_n, cfg.block_k, tail)
+        descs = descriptors(a, w, u, out, cfg.block_m, cfg.block_n, cfg.block_k, tail, cfg.epilogue_n)
         kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl, idle_weights,
                               tail)
         items = triton_grouped_gemm.num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1],
@@ -604,7 +639,7 @@ def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=No
     (``takes_out_tail`` is the caller's business here: ``tail_out`` is used when given)."""
     config = GluonConfig(**cfg)
     u = w if w_up is None else w_up
-    descs = descriptors(a, w, u, out, config.block_m, config.block_n, config.block_k, tail_out)
+    descs = descriptors(a, w, u, out, config.block_m, config.block_n, config.block_k, tail_out, config.epilogue_n)
     kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl, idle_weights,
                           tail_out)
     return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))
