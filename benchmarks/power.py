@@ -17,8 +17,9 @@ wgmma per warpgroup, fewer shared-memory reads; "energy": that and other tile sh
 GEMM; "combo": the winners of "energy", alone and together; "idle_half": idle upper halves
 skipped in neither GEMM or in both; "out_tail": the output's tail zeroed by the fused GEMM or by
 the down GEMM; "split_epilogue": kimi-k2's down GEMM with three stages, with and without a split
-epilogue, against the table's). ``--cool`` times the same candidates in interleaved short bursts instead
-(benchmarks/probe.py's rounds: a cool board's ranking). Under the power cap the board's
+epilogue, against the table's; "qwen_s2048": 128x256 down tiles and stacked fused tiles there).
+``--cool`` times the same candidates in interleaved short bursts instead (benchmarks/probe.py's
+rounds: a cool board's ranking). Under the power cap the board's
 energy per call decides the time, and that can rank candidates differently from a cool-board
 probe. The overrides apply to the table as it is when run: the committed results
 (``power_h200_ab_energy.json``, ``power_h200_ab_combo.json``) were measured against the eleventh
@@ -30,8 +31,7 @@ its slots. Results are checked against the first candidate before timing.
 
 Usage: python -m benchmarks.power [--shapes 1,4] [--paths vllm,moonep]
     [--seconds 4] [--idle 3] [--out power.json]
-       python -m benchmarks.power --ab {stacked,energy,combo,idle_half,out_tail,split_epilogue}
-           [--cool] [--shapes 1,4]
+       python -m benchmarks.power --ab SET [--cool] [--shapes 1,4]
            [--rounds 5] [--seconds 1]
 """
 
@@ -234,6 +234,15 @@ AB_SETS = {
     "split_epilogue": {
         "down_s3": ({}, {"stages": 3, "epilogue_n": 0}),
         "down_s3_split": ({}, {"stages": 3, "epilogue_n": 128}),
+    },
+    # qwen3 S=2048 (sixteenth session): its down GEMM in 128x256 tiles (three stages, or four with
+    # a split epilogue) and the fused GEMM's stacked gate/up tiles, alone and together.
+    "qwen_s2048": {
+        "down_n256_s3": ({}, {"block_n": 256, "stages": 3, "pingpong": False}),
+        "down_n256_s4_split": ({}, {"block_n": 256, "stages": 4, "pingpong": False, "epilogue_n": 128}),
+        "fused_stacked": ({"stacked": True}, {}),
+        "stacked_down_n256_s4_split": ({"stacked": True},
+                                       {"block_n": 256, "stages": 4, "pingpong": False, "epilogue_n": 128}),
     },
     "out_tail": {
         "fused_takes_tail": ({"takes_out_tail": True}, {}),
