@@ -48,6 +48,11 @@ class GluonConfig:
     # buffer leaves shared memory for another stage of the ring)
     epilogue_n: int = 0
 
+    def __post_init__(self):
+        if self.epilogue_n not in (0, self.block_n, self.block_n // 2):
+            raise ValueError(f"GluonConfig: epilogue_n must be 0 or block_n = {self.block_n} (the whole tile) or "
+                             f"block_n // 2 = {self.block_n // 2}, got {self.epilogue_n}")
+
 
 @dataclasses.dataclass(frozen=True)
 class EltwiseConfig:

@@ -1,0 +1,54 @@
+"""The Gluon kernel's config table (``configs.gluon_gemm_config``), a pure function of the
+problem's static metadata: its picks on the BASELINE shapes, pinned on CPU so that CI sees a
+changed pick (the GPU tests in test_cuda_gluon.py force every config shape on the H200), and the
+config's own validation."""
+
+import pytest
+
+from moonep_ops.kernels import configs
+
+
+def test_config_table_picks_each_consumer_scheme():
+    """The table's choices on the BASELINE shapes (benchmarks/results/probe_gluon_h200.json)."""
+    pick = configs.gluon_gemm_config
+    assert not pick(2048, 7168, 45056, fused=True).pingpong  # kimi-k2 prefill gate/up
+    assert not pick(2048, 7168, 45056, fused=True).group_major
+    assert pick(768, 2048, 33024, fused=True).pingpong  # qwen3 S=64 gate/up
+    assert not pick(768, 2048, 48896, fused=True).pingpong  # qwen3 S=2048 gate/up (power-bound)
+    assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
+    assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
+    for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages
+        split = nvs == 20480  # S=1024: four stages and a split epilogue (power_h200_ab_split_epilogue*.json)
+        assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(
+            block_n=256, stages=4 if split else 3, pingpong=False, skip_idle_half=nvs < 32768,
+            epilogue_n=128 if split else 0)
+        assert pick(2048, 7168, nvs, fused=False).block_n == 128  # its unfused gate/up GEMMs
+    assert pick(8192, 5120, 6144, fused=False).block_n == 128  # llama4's unfused gate/up GEMMs
+    assert pick(768, 2048, 48896, fused=False).pingpong  # qwen3's unfused gate/up GEMMs
+    # The tail's zeros: by the producer warp on long reductions, by the consumers on short ones.
+    assert pick(7168, 2048, 13312, fused=False).tail_by_producer  # kimi-k2 decode down
+    assert not pick(2048, 768, 48896, fused=False).tail_by_producer  # qwen3 down
+    # Idle upper halves skipped only where measured faster (probe_idle_h200.json): qwen3 S=2048's
+    # fused GEMM, kimi-k2's down GEMMs below NvS 32768; not kimi-k2's fused GEMMs (the skip breaks
+    # the step of the programs sharing weight tiles), qwen3's down GEMMs or the ping-pong fused ones.
+    assert not pick(2048, 7168, 13312, fused=True).skip_idle_half
+    assert not pick(2048, 7168, 8192, fused=True).skip_idle_half
+    assert not pick(2048, 7168, 20480, fused=True).skip_idle_half
+    assert not pick(2048, 7168, 45056, fused=True).skip_idle_half
+    assert pick(768, 2048, 48896, fused=True).skip_idle_half
+    assert not pick(768, 2048, 33024, fused=True).skip_idle_half
+    assert not pick(2048, 768, 48896, fused=False).skip_idle_half
+    # The output's tail zeroed by the fused GEMM: qwen3 S=2048 only (power_h200_ab_out_tail*.json).
+    assert pick(768, 2048, 48896, fused=True).takes_out_tail
+    assert not any(pick(2048, 7168, nvs, fused=True).takes_out_tail for nvs in (13312, 20480, 45056))
+    assert not pick(768, 2048, 33024, fused=True).takes_out_tail
+
+
+def test_split_epilogue_must_be_half_the_tile():
+    assert configs.GluonConfig(block_n=256, epilogue_n=128).epilogue_n == 128
+    assert configs.GluonConfig(block_n=256).epilogue_n == 0
+    assert configs.GluonConfig(block_n=128, epilogue_n=128).epilogue_n == 128  # the whole tile, as 0
+    with pytest.raises(ValueError) as err:
+        configs.GluonConfig(block_n=128, epilogue_n=32)
+    assert str(err.value) == ("GluonConfig: epilogue_n must be 0 or block_n = 128 (the whole tile) or "
+                              "block_n // 2 = 64, got 32")
