@@ -17,7 +17,7 @@ def test_config_table_picks_each_consumer_scheme():
     assert not pick(768, 2048, 48896, fused=True).pingpong  # qwen3 S=2048 gate/up (power-bound)
     assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
     assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
-    for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages
+    for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages or four
         split = nvs == 20480  # S=1024: four stages and a split epilogue (power_h200_ab_split_epilogue*.json)
         assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(
             block_n=256, stages=4 if split else 3, pingpong=False, skip_idle_half=nvs < 32768,
@@ -44,7 +44,7 @@ def test_config_table_picks_each_consumer_scheme():
     assert not pick(768, 2048, 33024, fused=True).takes_out_tail
 
 
-def test_split_epilogue_must_be_half_the_tile():
+def test_epilogue_n_is_the_whole_tile_or_half_of_it():
     assert configs.GluonConfig(block_n=256, epilogue_n=128).epilogue_n == 128
     assert configs.GluonConfig(block_n=256).epilogue_n == 0
     assert configs.GluonConfig(block_n=128, epilogue_n=128).epilogue_n == 128  # the whole tile, as 0

@@ -195,6 +195,14 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
 
 
 @gluon.jit
+def _store_rows(out_ptr, vals, rows, cols, row_end, N, stride_om):
+    """``out[rows, cols] = vals`` for rows in ``[0, row_end)`` and columns below ``N`` (``rows`` and
+    ``cols`` in the slices of ``vals``'s layout)."""
+    mask = ((rows >= 0) & (rows < row_end))[:, None] & (cols < N)[None, :]
+    gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], vals, mask=mask)
+
+
+@gluon.jit
 def _flush_tile(o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, stride_om, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
     """The staged tile in ``o_buf`` (rows from ``row_lo``, columns from ``col0``) to ``out``: a tile
@@ -208,8 +216,7 @@ def _flush_tile(o_buf, o_desc, out_ptr, row_lo, col0, end, NUM_ROWS, N, stride_o
         res = o_buf.load(cl)
         rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, cl))
         cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, cl))
-        mask = ((rows >= 0) & (rows < gl.minimum(end, NUM_ROWS)))[:, None] & (cols < N)[None, :]
-        gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], res, mask=mask)
+        _store_rows(out_ptr, res, rows, cols, gl.minimum(end, NUM_ROWS), N, stride_om)
 
 
 @gluon.jit
@@ -316,16 +323,12 @@ def _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, 
         # An idle-upper-half tile with a split epilogue: its warpgroups hold different columns, so
         # it is stored straight from registers (rare tiles), zeros above, masked at the segment end.
         live_end = gl.minimum(end, NUM_ROWS)
-        rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-        mask = ((rows >= 0) & (rows < live_end))[:, None] & (cols < N)[None, :]
-        gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], acc.to(o_desc.dtype), mask=mask)
+        _store_rows(out_ptr, acc.to(o_desc.dtype), row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout)),
+                    col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout)), live_end, N, stride_om)
         zl: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
-        zrows = row_lo + ROWS + gl.arange(0, BLOCK_M - ROWS, layout=gl.SliceLayout(1, zl))
-        zcols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zl))
-        zmask = ((zrows >= 0) & (zrows < live_end))[:, None] & (zcols < N)[None, :]
-        gl.store(out_ptr + zrows.to(gl.int64)[:, None] * stride_om + zcols[None, :],
-                 gl.zeros([BLOCK_M - ROWS, BLOCK_N], o_desc.dtype, zl), mask=zmask)
+        _store_rows(out_ptr, gl.zeros([BLOCK_M - ROWS, BLOCK_N], o_desc.dtype, zl),
+                    row_lo + ROWS + gl.arange(0, BLOCK_M - ROWS, layout=gl.SliceLayout(1, zl)),
+                    col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zl)), live_end, N, stride_om)
 
 
 @gluon.jit
@@ -398,8 +401,7 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_d
         for j in range(first + PARITY * num_progs, tail_items, CONSUMERS * num_progs):
             rows = live_end + (j // n_tiles) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, zl))
             cols = (j % n_tiles) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zl))
-            mask = (rows < NUM_ROWS)[:, None] & (cols < N)[None, :]
-            gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], zeros, mask=mask)
+            _store_rows(out_ptr, zeros, rows, cols, NUM_ROWS, N, stride_om)  # rows >= live_end >= 0
     tma.store_wait(0)
 
 
@@ -499,13 +501,15 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
 ZERO_ROWS = 8
 
 
-def descriptors(a, w, u, out, block_m: int, block_n: int, block_k: int, tail_out=None, epilogue_n: int = 0):
-    """Gluon TMA descriptors: ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]`` matrix, ``out [NvS, N]``
-    by output tile (``epilogue_n`` columns of it: half a tile for a split epilogue; 0: all), and
-    ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue_n`` chunk (the producer's tail zeroing)."""
+def descriptors(a, w, u, out, cfg: GluonConfig, tail_out=None):
+    """Gluon TMA descriptors for ``cfg``'s blocks: ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]``
+    matrix, ``out [NvS, N]`` by output tile (``cfg.epilogue_n`` columns of it: half a tile for a
+    split epilogue), and ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue`` chunk (the
+    producer's tail zeroing)."""
     z = out if tail_out is None else tail_out
     g, n, k = w.shape
-    epi_n = epilogue_n or block_n
+    block_m, block_n, block_k = cfg.block_m, cfg.block_n, cfg.block_k
+    epi_n = cfg.epilogue_n or block_n
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
     a_l = gl.NVMMASharedLayout.get_default_for([block_m, block_k], dt)
     w_l = gl.NVMMASharedLayout.get_default_for([block_n, block_k], dt)
@@ -599,7 +603,7 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
             _PLANS[key] = False
             return False
         tail = tail_out if cfg.takes_out_tail and w_up is not None else None
-        descs = descriptors(a, w, u, out, cfg.block_m, cfg.block_n, cfg.block_k, tail, cfg.epilogue_n)
+        descs = descriptors(a, w, u, out, cfg, tail)
         kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl, idle_weights,
                               tail)
         items = triton_grouped_gemm.num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1],
@@ -639,7 +643,7 @@ def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=No
     (``takes_out_tail`` is the caller's business here: ``tail_out`` is used when given)."""
     config = GluonConfig(**cfg)
     u = w if w_up is None else w_up
-    descs = descriptors(a, w, u, out, config.block_m, config.block_n, config.block_k, tail_out, config.epilogue_n)
+    descs = descriptors(a, w, u, out, config, tail_out)
     kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl, idle_weights,
                           tail_out)
     return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))
