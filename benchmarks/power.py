@@ -251,6 +251,14 @@ AB_SETS = {
         "fused_stacked": ({"stacked": True}, {}),
         "stacked_down_n256_s4_split": ({"stacked": True}, _DOWN_N256_S4_SPLIT),
     },
+    # The row-tile handoff (seventeenth session): the down GEMM's programs take items from a
+    # counter and start on row tiles of act the fused GEMM has signalled, instead of waiting for
+    # its whole grid (its last partial wave); with the table's tiles, on or off ("handoff" in
+    # the fused config: the op's switch).
+    "handoff": {
+        "handoff": ({"handoff": True}, {}),
+        "no_handoff": ({"handoff": False}, {}),
+    },
 }
 
 
@@ -259,6 +267,7 @@ def config_candidates(shape, padding, ab: str) -> tuple[dict, torch.Tensor, int,
     ("table"), then each candidate of ``AB_SETS[ab]`` that differs from it; the output buffer,
     its live rows and the floor."""
     from moonep_ops.kernels import gluon_grouped_gemm as gg
+    from moonep_ops.kernels.configs import GluonConfig
 
     from .probe_gluon import setup_pair
 
@@ -267,11 +276,15 @@ def config_candidates(shape, padding, ab: str) -> tuple[dict, torch.Tensor, int,
     def pair(fused_cfg, down_cfg):
         # as the op pairs them: a fused config with takes_out_tail zeroes out's tail, the down GEMM not
         took = fused_cfg.get("takes_out_tail", False)
+        # the row-tile handoff: a zeroed state buffer per call, as the op allocates it
+        target = gg.flag_target(GluonConfig(**fused_cfg), wg.shape[1]) if fused_cfg.get("handoff") else 0
 
         def run():
+            sched = gg.handoff_buffer(x.shape[0], wg.shape[0], 128, x.device) if target else None
             gg.launch(x, wg, cu, act, sms, w_up=wu, route_weights=rw, zero_tail=False, pdl="primary",
-                      tail_out=out if took else None, **fused_cfg)
-            gg.launch(act, wd, cu, out, sms, pdl="dependent", idle_weights=rw, zero_tail=not took, **down_cfg)
+                      tail_out=out if took else None, sched=sched, **fused_cfg)
+            gg.launch(act, wd, cu, out, sms, pdl="dependent", idle_weights=rw, zero_tail=not took, sched=sched,
+                      flag_target=target, **down_cfg)
         return run
 
     fns, seen = {"table": pair(cf, cd)}, [(cf, cd)]

@@ -199,6 +199,19 @@ GLUON_CANDIDATES = [
 ]
 
 
+# The row-tile handoff of the experts op's pair (GluonConfig.handoff): the fused GEMM signalling
+# row tiles (PDL primary), the down GEMM with its dynamic schedule waiting for them (dependent), in
+# both consumer schemes, with idle halves, the producer's tail, a split epilogue.
+HANDOFF_CANDIDATES = [
+    (True, dict(pingpong=False, stages=4, skip_idle_half=True)),
+    (True, dict(block_n=64, stages=6)),
+    (False, dict(pingpong=False, stages=6, tail_by_producer=False)),
+    (False, dict(stages=5)),
+    (False, dict(stages=5, skip_idle_half=True)),
+    (False, dict(pingpong=False, block_n=256, stages=4, epilogue_n=128, skip_idle_half=True)),
+]
+
+
 def run_gluon_candidates(dtype) -> None:
     from moonep_ops.kernels import gluon_grouped_gemm
 
@@ -209,6 +222,14 @@ def run_gluon_candidates(dtype) -> None:
         gluon_grouped_gemm.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
                                   w_up=w if fused else None,
                                   route_weights=torch.empty(rows, dtype=torch.float32) if fused else None, **cfg)
+    sched = torch.empty(64, dtype=torch.int32)
+    for fused, cfg in HANDOFF_CANDIDATES:
+        w = _empty(g, n, k, dtype=dtype)
+        rw = torch.empty(rows, dtype=torch.float32)
+        gluon_grouped_gemm.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
+                                  w_up=w if fused else None, route_weights=rw if fused else None,
+                                  idle_weights=None if fused else rw, zero_tail=not fused,
+                                  pdl="primary" if fused else "dependent", sched=sched, flag_target=3 * 256, **cfg)
 
 
 def check_target(arch: int, dtypes, portable: bool) -> list:

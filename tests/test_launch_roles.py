@@ -56,11 +56,12 @@ def on_sm90(monkeypatch, recorded):
     monkeypatch.setattr(cuda, "capability_of", lambda t: (9, 0))
     gluon_calls = []
 
-    def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True, pdl="", idle_weights=None, tail_out=None):
+    def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True, pdl="", idle_weights=None, tail_out=None,
+                       sched=None, flag_target=0):
         cfg = choose(a, w, w_up, out)
         if cfg is None:
             return False
-        gluon_calls.append((w_up is not None, zero_tail, pdl, cfg, rw, idle_weights))
+        gluon_calls.append((w_up is not None, zero_tail, pdl, cfg, rw, idle_weights, sched, flag_target))
         return True
 
     monkeypatch.setattr(gluon_grouped_gemm, "run_gluon_gemm", run_gluon_gemm)
@@ -84,6 +85,30 @@ def test_experts_on_sm90_takes_the_gluon_kernels_with_pdl(on_sm90):
     assert triton_calls == []
 
 
+def test_experts_hands_off_row_tiles_only_where_the_fused_config_asks(on_sm90, monkeypatch):
+    """The row-tile handoff: one zeroed state buffer for both GEMMs of a call, the down GEMM told the
+    flag target (each of the fused GEMM's column tiles, 256 threads); by default (the table's
+    configs for this small problem) no handoff."""
+    import dataclasses
+
+    from moonep_ops.kernels import configs as cfgs
+
+    gluon_calls, _ = on_sm90
+    _experts_bf16()
+    assert [call[6:] for call in gluon_calls] == [(None, 0), (None, 0)]
+    table = cfgs.gluon_gemm_config
+    monkeypatch.setattr(cfgs, "gluon_gemm_config", lambda n, k, rows, fused: dataclasses.replace(
+        table(n, k, rows, fused), **(dict(handoff=True, pingpong=False, block_n=128) if fused else {})))
+    monkeypatch.setattr(cuda, "_HANDOFF", {})
+    gluon_calls.clear()
+    _experts_bf16()
+    (_, _, _, _, _, _, fused_sched, _), (_, _, _, _, _, _, down_sched, target) = gluon_calls
+    assert fused_sched is down_sched and fused_sched is not None
+    assert fused_sched.dtype == torch.int32 and not fused_sched.any()
+    assert fused_sched.numel() == 1 + triton_grouped_gemm.num_row_tiles(20, 3, 128)
+    assert target == 1 * 256  # I = 32: one 128-column tile, 8 warps
+
+
 def test_experts_down_gemm_gets_the_route_weights_as_idle_rows(on_sm90):
     """The down GEMM learns which rows of ``act`` are zero (route weight 0: MoonEP's padding) from
     the route weights the fused GEMM applied, so that both skip the same idle upper halves; the
@@ -96,12 +121,12 @@ def test_experts_down_gemm_gets_the_route_weights_as_idle_rows(on_sm90):
     ws = [torch.randn(g, i, h, dtype=torch.bfloat16), torch.randn(g, i, h, dtype=torch.bfloat16),
           torch.randn(g, h, i, dtype=torch.bfloat16)]
     cuda.experts_into(x, *ws, rw, cu, torch.empty(nvs, h, dtype=torch.bfloat16))
-    (_, _, _, _, fused_rw, fused_idle), (_, _, _, _, down_rw, down_idle) = gluon_calls
+    (_, _, _, _, fused_rw, fused_idle, _, _), (_, _, _, _, down_rw, down_idle, _, _) = gluon_calls
     assert fused_rw is rw and fused_idle is None
     assert down_rw is None and down_idle is rw
     gluon_calls.clear()
     cuda.grouped_gemm_into(x, ws[0], cu, torch.empty(nvs, i, dtype=torch.bfloat16))
-    assert [call[4:] for call in gluon_calls] == [(None, None)]
+    assert [call[4:6] for call in gluon_calls] == [(None, None)]
 
 
 def test_gluon_pair_without_pdl(on_sm90, monkeypatch):
@@ -217,7 +242,7 @@ def test_down_gemm_zeroes_the_tail_unless_the_fused_gemm_took_it(monkeypatch):
         calls = []
 
         def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True, pdl="", idle_weights=None,
-                           tail_out=None):
+                           tail_out=None, sched=None, flag_target=0):
             if w_up is None and not down_on_gluon:
                 return False
             calls.append(("gluon", w_up is not None, zero_tail, tail_out is not None))

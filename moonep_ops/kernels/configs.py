@@ -47,6 +47,9 @@ class GluonConfig:
     # columns per epilogue store (0: the whole tile; block_n / 2: a split epilogue, whose half-size
     # buffer leaves shared memory for another stage of the ring)
     epilogue_n: int = 0
+    # fused GEMM of the experts op: hand act to the down GEMM row tile by row tile (its programs take
+    # items dynamically and start on finished row tiles instead of waiting for this whole grid)
+    handoff: bool = False
 
     def __post_init__(self):
         if self.epilogue_n not in (0, self.block_n, self.block_n // 2):

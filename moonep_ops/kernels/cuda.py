@@ -122,11 +122,14 @@ def _dense(t):
     return None if t is None else t.contiguous()
 
 
-def _run_plain(a, w, cu, out, pdl: str = "", idle_weights=None, zero_tail: bool = True) -> bool:
+def _run_plain(a, w, cu, out, pdl: str = "", idle_weights=None, zero_tail: bool = True, sched=None,
+               flag_target: int = 0) -> bool:
     """The plain GEMM on the Gluon kernel when it applies (True), else on the Triton kernel.
-    ``idle_weights``: see ``gluon_grouped_gemm._kernel_args`` (the Triton kernel ignores them)."""
+    ``idle_weights``, ``sched``, ``flag_target``: see ``gluon_grouped_gemm._kernel_args`` (the
+    Triton kernel ignores them)."""
     if _gluon_wanted(capability_of(a), a.dtype) and _gluon_module().run_gluon_gemm(
-            a, w, None, None, cu, out, _gluon_plain, zero_tail=zero_tail, pdl=pdl, idle_weights=idle_weights):
+            a, w, None, None, cu, out, _gluon_plain, zero_tail=zero_tail, pdl=pdl, idle_weights=idle_weights,
+            sched=sched, flag_target=flag_target):
         return True
     from .triton_grouped_gemm import run_moe_gemm
 
@@ -134,12 +137,13 @@ def _run_plain(a, w, cu, out, pdl: str = "", idle_weights=None, zero_tail: bool 
     return False
 
 
-def _run_fused(x, w_gate, w_up, route_weights, cu, out, zero_tail: bool = True, pdl: str = "", tail_out=None):
+def _run_fused(x, w_gate, w_up, route_weights, cu, out, zero_tail: bool = True, pdl: str = "", tail_out=None,
+               sched=None):
     """The fused GEMM on the Gluon kernel when it applies (its result: True, or ``TOOK_TAIL`` when
     it also zeroed ``tail_out``'s tail), else on the Triton kernel (False; ``tail_out`` untouched)."""
     if _gluon_wanted(capability_of(x), x.dtype):
         ran = _gluon_module().run_gluon_gemm(x, w_gate, w_up, route_weights, cu, out, _gluon_fused,
-                                             zero_tail=zero_tail, pdl=pdl, tail_out=tail_out)
+                                             zero_tail=zero_tail, pdl=pdl, tail_out=tail_out, sched=sched)
         if ran:
             return ran
     from .triton_grouped_gemm import run_moe_gemm
@@ -175,12 +179,41 @@ def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> Non
     # that it is the kernel right before it (NvS = 0 launches neither).
     pdl = pdl_allowed() and w_gate.shape[1] > 0
     rw = _dense(route_weights)
+    # The row-tile handoff (both GEMMs on Gluon, and the fused config asks for it): the down GEMM's
+    # programs take items dynamically and start on row tiles of act the fused GEMM has finished,
+    # instead of waiting for its whole grid.
+    target = _handoff_target(x, w_gate, w_up, w_down, act, out) if pdl else 0
+    sched = _gluon_module().handoff_buffer(x.shape[0], w_gate.shape[0], 128, x.device) if target else None
     # A fused Gluon config with ``takes_out_tail`` zeroes out's tail while it computes.
-    fused = _run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, pdl="primary" if pdl else "", tail_out=out)
+    fused = _run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, pdl="primary" if pdl else "", tail_out=out,
+                       sched=sched)
     took_tail = fused == _gluon_module().TOOK_TAIL if fused else False
     # act's rows with route weight 0 are zero (silu(gate) * up * 0), so their output rows are too:
     # the down GEMM may skip them like the fused one did (the Gluon kernels' idle upper halves).
-    _run_plain(act, w_down, cu, out, pdl="dependent" if pdl else "", idle_weights=rw, zero_tail=not took_tail)
+    _run_plain(act, w_down, cu, out, pdl="dependent" if pdl else "", idle_weights=rw, zero_tail=not took_tail,
+               sched=sched, flag_target=target)
+
+
+_HANDOFF: dict = {}
+
+
+def _handoff_target(x, w_gate, w_up, w_down, act, out) -> int:
+    """The flag target of the experts op's row-tile handoff for these operands (0: no handoff):
+    only where both GEMMs run on Gluon, in 128-row tiles, and the fused config asks for it.
+    Memoized per static signature (host cost)."""
+    key = (x.shape, x.stride(), w_gate.shape, w_gate.stride(), w_up.stride(), w_down.shape, w_down.stride(),
+           out.stride(), x.dtype, x.device, x.data_ptr() % 16, w_gate.data_ptr() % 16, w_up.data_ptr() % 16,
+           w_down.data_ptr() % 16, out.data_ptr() % 16)
+    target = _HANDOFF.get(key)
+    if target is None:
+        target = 0
+        if _gluon_wanted(capability_of(x), x.dtype):
+            fused = _gluon_fused(x, w_gate, w_up, act)
+            down = _gluon_plain(act, w_down, None, out)
+            if fused is not None and down is not None and fused.handoff and fused.block_m == down.block_m == 128:
+                target = _gluon_module().flag_target(fused, w_gate.shape[1])
+        _HANDOFF[key] = target
+    return target
 
 
 def silu_mul_weight_into(gate, up, route_weights, cu_seqlens, out) -> None:

@@ -100,6 +100,85 @@ def _gdc_launch_dependents():
 
 
 @gluon.jit
+def _signal_row_tile(flag_ptr):
+    """Row-tile handoff, writer side (``SIGNAL_ROWS``): every consumer thread adds 1 to the row
+    tile's flag with release semantics, after its own bulk (TMA) stores completed (``wait_group``
+    without ``.read``: written, not only read from shared memory) and a proxy fence that orders
+    them before its generic release. Its masked stores are its own generic writes. Whichever thread
+    issued a TMA store, the flag reaches its target only after that thread's add."""
+    gl.inline_asm_elementwise(
+        "cp.async.bulk.wait_group 0; fence.proxy.async.global; red.release.gpu.global.add.s32 [$1], 1; "
+        "mov.u32 $0, 0;", "=r,l", [flag_ptr], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _acquire(flag_ptr):
+    """A flag read with acquire semantics (gpu scope)."""
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [flag_ptr], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _nanosleep():
+    gl.inline_asm_elementwise("nanosleep.u32 128; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _fence_async_global():
+    """Generic-proxy reads (the flag) before the async proxy's (TMA loads of ``a``)."""
+    gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _wait_row_tile(flag_ptr, target, waited, MAX_POLLS: gl.constexpr):
+    """Row-tile handoff, reader side (``HANDOFF``): wait until the row tile's flag reaches
+    ``target``, polling at most ``MAX_POLLS`` times; past that, fall back to ``griddepcontrol.wait``
+    (the whole prior grid done), so that a flag that never fills costs time, never a hang. Returns
+    ``waited`` (1 once the grid-wide wait ran: then no flag needs reading any more)."""
+    if waited == 0:
+        got = _acquire(flag_ptr)
+        polls = 0
+        while (got < target) & (polls < MAX_POLLS):
+            _nanosleep()
+            got = _acquire(flag_ptr)
+            polls += 1
+        if got < target:
+            _gdc_wait()
+            waited = 1
+        _fence_async_global()
+    return waited
+
+
+@gluon.jit
+def _next_item(counter_ptr):
+    """The next item of the dynamic schedule (``HANDOFF``): lane 0 of the (one-warp) producer takes
+    it from the global counter, every lane gets it."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; mov.u32 $0, 0; "
+        "@p atom.global.add.u32 $0, [$1], 1; shfl.sync.idx.b32 $0, $0, 0, 0x1f, 0xffffffff; }",
+        "=r,l", [counter_ptr], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _warp_sync():
+    """``bar.warp.sync``: the warp's shared-memory writes ordered before what follows (the item id
+    of a stage, written by every lane, before the mbarrier arrive that publishes it)."""
+    gl.inline_asm_elementwise("bar.warp.sync 0xffffffff; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _row_tile(item, n_tiles, excl, incl, GROUP_MAJOR: gl.constexpr):
+    """Index of ``item``'s row tile among all real row tiles (the same in both kernels of a pair:
+    same ``cu_seqlens`` and ``BLOCK_M``)."""
+    if GROUP_MAJOR:
+        return excl + (item - excl * n_tiles) % gl.maximum(incl - excl, 1)
+    else:
+        return item // n_tiles
+
+
+@gluon.jit
 def _zero_chunk(z_desc, z_buf, c, tail_lo, n_tiles):
     """Zero chunk ``c`` of the tail: ``ZROWS`` rows from ``tail_lo``, one column tile (TMA clips it
     at NvS and N)."""
@@ -123,18 +202,68 @@ def _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, k0, FUSED: gl
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G, NUM_ROWS, N,
-              K, real_items, live_end, n_tiles, z_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              BLOCK_K: gl.constexpr,
+def _load_item(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, item, row_lo, w_row,
+               cnt, pre, k_iters, z_done, z_mine, stages_mine, live_end, z_tiles, BLOCK_K: gl.constexpr,
+               STAGES: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr, STACK: gl.constexpr,
+               HANDOFF: gl.constexpr):
+    """One item's loads into the ring from position ``cnt`` (the first ``pre`` positions already
+    hold their weight loads), with this program's share of tail chunks spread over them. With
+    ``HANDOFF`` the item's id goes with its first stage (``items``), for the consumers."""
+    pid = gl.program_id(0)
+    num_progs = gl.num_programs(0)
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes * (2 if FUSED else 1)
+    for kk in range(k_iters):
+        s = cnt % STAGES
+        if cnt >= pre:
+            # mbarriers start with phase 1 complete: the first lap waits on parity 1 and passes.
+            mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
+            if HANDOFF:
+                if kk == 0:
+                    _publish_item(items, s, item)
+            mbarrier.expect(ready.index(s), nbytes)
+            _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, kk * BLOCK_K, FUSED, STACK)
+        tma.async_copy_global_to_shared(a_desc, [row_lo, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
+        cnt += 1
+        if TAIL_BY_PRODUCER:
+            z_target = gl.minimum(((cnt * z_mine.to(gl.int64)) // gl.maximum(stages_mine, 1)).to(gl.int32), z_mine)
+            while z_done < z_target:
+                _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, z_tiles)
+                z_done += 1
+    return cnt, z_done
+
+
+@gluon.jit
+def _publish_item(items, s, item):
+    """Stage ``s`` starts item ``item`` (-1: no more items): written by every lane of the producer
+    warp before the stage's mbarrier arrive, which publishes it to the consumers."""
+    il: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    items.index(s).store(gl.full([32], item, gl.int32, il))
+    _warp_sync()
+
+
+@gluon.jit
+def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, cu_ptr, sched_ptr, G,
+              NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, z_tiles, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
               STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
-              WAIT_PRIOR: gl.constexpr, STACK: gl.constexpr):
+              WAIT_PRIOR: gl.constexpr, STACK: gl.constexpr, HANDOFF: gl.constexpr, CONSUMERS: gl.constexpr,
+              MAX_POLLS: gl.constexpr):
     """TMA loads into the ring, item after item. With ``TAIL_BY_PRODUCER`` it also zeroes this
     program's share of the tail rows of ``z_desc``'s tensor (this kernel's ``out``, or the experts
     op's ``out`` for its fused GEMM: ``z_tiles`` column chunks), by TMA stores of a zeroed
     ``ZROWS``-row buffer spread evenly over its loads: the tail's writes overlap the GEMM instead
     of forming a write-only phase at the end. With ``WAIT_PRIOR`` (launched as a programmatic
     dependent of the kernel that writes ``a``) the first item's weight loads are issued before
-    ``griddepcontrol.wait``, its ``a`` loads after."""
+    ``griddepcontrol.wait``, its ``a`` loads after.
+
+    ``HANDOFF`` (the experts op's down GEMM, a programmatic dependent of a fused GEMM with
+    ``SIGNAL_ROWS``): items come from a global counter (``sched_ptr[0]``) instead of the static
+    stride, so that programs which start early (on SMs the fused GEMM's last programs left) take
+    more of them; before loading an item's ``a`` the producer waits for its row tile's flag
+    (``sched_ptr[1 + row tile]``) instead of the whole fused grid. The item's id goes to the
+    consumers with its first stage; after the last, each consumer gets a stage-aligned item of
+    empty stages marked -1. The grid-wide wait still runs at the end, so that this grid finishes
+    only after the fused one (a later kernel ordered after this one needs that)."""
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
     k_iters = gl.cdiv(K, BLOCK_K)
@@ -146,7 +275,7 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
     end = 0
     nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes * (2 if FUSED else 1)
     pre = 0  # stages whose weight loads were issued before the wait
-    if WAIT_PRIOR:
+    if WAIT_PRIOR and not HANDOFF:
         if pid < real_items:
             key0 = pid if GROUP_MAJOR else pid // n_tiles
             g, excl, incl, start, end = _walk(cu_ptr, G, key0, scale, g, excl, incl, start, end, BLOCK_M)
@@ -157,6 +286,9 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
                 _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, kk, g * N + pid_n0 * BLOCK_N, kk * BLOCK_K,
                               FUSED, STACK)
         _gdc_wait()
+    z_mine = 0
+    z_done = 0
+    stages_mine = 0
     if TAIL_BY_PRODUCER:
         ZROWS: gl.constexpr = z_desc.block_type.shape[0]
         ZBN: gl.constexpr = z_desc.block_type.shape[1]
@@ -165,33 +297,49 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
         fence_async_shared()
         z_total = gl.cdiv(NUM_ROWS - live_end, ZROWS) * z_tiles
         z_mine = gl.cdiv(gl.maximum(z_total - pid, 0), num_progs)  # chunks pid, pid + num_progs, ...
+        # (an estimate under HANDOFF, where the items are dynamic)
         stages_mine = gl.cdiv(gl.maximum(real_items - pid, 0), num_progs) * k_iters
-        z_done = 0
     cnt = 0
-    for item in range(pid, real_items, num_progs):
-        key = item if GROUP_MAJOR else item // n_tiles
-        g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
-        row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
-        w_row = g * N + pid_n * BLOCK_N
-        for kk in range(k_iters):
-            s = cnt % STAGES
-            if cnt >= pre:
-                # mbarriers start with phase 1 complete: the first lap waits on parity 1 and passes.
+    if HANDOFF:
+        waited = 0
+        item = _next_item(sched_ptr)
+        while item < real_items:
+            key = item if GROUP_MAJOR else item // n_tiles
+            g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
+            row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
+            waited = _wait_row_tile(sched_ptr + 1 + _row_tile(item, n_tiles, excl, incl, GROUP_MAJOR), FLAG_TARGET,
+                                    waited, MAX_POLLS)
+            cnt, z_done = _load_item(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty,
+                                     items, item, row_lo, g * N + pid_n * BLOCK_N, cnt, pre, k_iters, z_done, z_mine,
+                                     stages_mine, live_end, z_tiles, BLOCK_K, STAGES, FUSED, TAIL_BY_PRODUCER, STACK,
+                                     HANDOFF)
+            item = _next_item(sched_ptr)
+        # One end marker per consumer, each a whole item of stages (no loads), so that every ring
+        # position stays where the consumers expect it.
+        for c in gl.static_range(CONSUMERS):
+            for kk in range(k_iters):
+                s = cnt % STAGES
                 mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), nbytes)
-                _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, kk * BLOCK_K, FUSED, STACK)
-            tma.async_copy_global_to_shared(a_desc, [row_lo, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
-            cnt += 1
-            if TAIL_BY_PRODUCER:
-                z_target = ((cnt * z_mine.to(gl.int64)) // stages_mine).to(gl.int32)
-                while z_done < z_target:
-                    _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, z_tiles)
-                    z_done += 1
+                if kk == 0:
+                    _publish_item(items, s, -1)
+                mbarrier.arrive(ready.index(s), count=1)
+                cnt += 1
+    else:
+        for item in range(pid, real_items, num_progs):
+            key = item if GROUP_MAJOR else item // n_tiles
+            g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
+            row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
+            cnt, z_done = _load_item(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty,
+                                     items, item, row_lo, g * N + pid_n * BLOCK_N, cnt, pre, k_iters, z_done, z_mine,
+                                     stages_mine, live_end, z_tiles, BLOCK_K, STAGES, FUSED, TAIL_BY_PRODUCER, STACK,
+                                     HANDOFF)
     if TAIL_BY_PRODUCER:
         while z_done < z_mine:  # all of it when this program has no real items
             _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, z_tiles)
             z_done += 1
         tma.store_wait(0)
+    if HANDOFF:
+        _gdc_wait()
 
 
 @gluon.jit
@@ -235,14 +383,17 @@ def _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexpr, BY_WE
 
 
 @gluon.jit
-def _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, row_lo, col0, end,
-          NUM_ROWS, N, stride_om, cnt, k_iters, ROWS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-          STAGES: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr, STACK: gl.constexpr,
-          PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+def _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, sched_ptr, pending,
+          row_lo, col0, end, NUM_ROWS, N, stride_om, cnt, k_iters, ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
+          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
+          STACK: gl.constexpr, SIGNAL_ROWS: gl.constexpr, PARITY: gl.constexpr, CONSUMERS: gl.constexpr,
+          WARPS: gl.constexpr):
     """One item: the main loop over the ring from position ``cnt``, the fused epilogue, the store.
     ``ROWS == BLOCK_M / 2``: the upper half is idle (:func:`_upper_half_idle`), so the MMAs read
     only the lower half of each ``a`` stage (the warpgroups split the columns instead of the rows)
-    and the upper half is stored as zeros."""
+    and the upper half is stored as zeros. ``SIGNAL_ROWS``: before its own stores, this item
+    signals the row tile ``pending`` of this consumer's previous item (-1: none), whose stores have
+    had a whole main loop to complete, so that no store is waited for early."""
     if ROWS == BLOCK_M:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BLOCK_N, 16])
@@ -296,6 +447,9 @@ def _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, 
             rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
             rmask = (rows >= 0) & (rows < gl.minimum(end, NUM_ROWS))
             acc = acc * gl.load(rw_ptr + rows, mask=rmask, other=0.0)[:, None]
+    if SIGNAL_ROWS:
+        if pending >= 0:
+            _signal_row_tile(sched_ptr + 1 + pending)
     EPI_N: gl.constexpr = o_desc.block_type.shape[1]
     if EPI_N == BLOCK_N:
         tma.store_wait(0)  # the previous store has read o_buf
@@ -332,12 +486,51 @@ def _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, 
 
 
 @gluon.jit
-def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS,
-              N, K, stride_om, real_items, live_end, tail_items, n_tiles,
+def _run_item(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, sched_ptr,
+              pending, G, NUM_ROWS, N, stride_om, item, i, k_iters, n_tiles, g, excl, incl, start, end,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr,
+              FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr, STACK: gl.constexpr, HALF: gl.constexpr,
+              SKIP_BY_WEIGHT: gl.constexpr, SIGNAL_ROWS: gl.constexpr, TURN_AFTER_CHECK: gl.constexpr,
+              PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+    """The consumer's local item ``i`` (global id ``item``): find its segment, check for an idle
+    upper half, run it. Returns the segment cursor and the item's row tile."""
+    key = item if GROUP_MAJOR else item // n_tiles
+    scale = n_tiles if GROUP_MAJOR else 1
+    g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
+    row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
+    # Only a segment's last row tile can hold idle rows (past the end, or MoonEP's padding);
+    # the check (a load of 64 weights) is made before waiting for this consumer's turn.
+    idle_upper = False
+    if HALF:
+        if row_lo + BLOCK_M >= end:
+            idle_upper = _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT, WARPS)
+        if TURN_AFTER_CHECK:
+            mbarrier.wait(turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
+    cnt = i * k_iters  # the ring position of this item's first stage (the producer's count)
+    if HALF:
+        if idle_upper:
+            _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, sched_ptr,
+                  pending, row_lo, pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, cnt, k_iters, BLOCK_M // 2, BLOCK_M,
+                  BLOCK_N, STAGES, FUSED, HAS_WEIGHTS, STACK, SIGNAL_ROWS, PARITY, CONSUMERS, WARPS)
+        else:
+            _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, sched_ptr,
+                  pending, row_lo, pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, cnt, k_iters, BLOCK_M, BLOCK_M,
+                  BLOCK_N, STAGES, FUSED, HAS_WEIGHTS, STACK, SIGNAL_ROWS, PARITY, CONSUMERS, WARPS)
+    else:
+        _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, sched_ptr,
+              pending, row_lo, pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, cnt, k_iters, BLOCK_M, BLOCK_M, BLOCK_N,
+              STAGES, FUSED, HAS_WEIGHTS, STACK, SIGNAL_ROWS, PARITY, CONSUMERS, WARPS)
+    return g, excl, incl, start, end, _row_tile(item, n_tiles, excl, incl, GROUP_MAJOR)
+
+
+@gluon.jit
+def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, items, o_desc, out_ptr, rw_ptr, cu_ptr,
+              sched_ptr, G, NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
               GROUP_MAJOR: gl.constexpr, ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
               STACK: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr,
-              PARITY: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+              SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr, PARITY: gl.constexpr, CONSUMERS: gl.constexpr,
+              WARPS: gl.constexpr):
     """Consumer ``PARITY`` of ``CONSUMERS``: the program's local items ``i = PARITY (mod CONSUMERS)``.
 
     One consumer (``CONSUMERS == 1``, ``WARPS == 8``): both warpgroups share each tile, 64 rows
@@ -349,49 +542,59 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_d
     main loop to end before waiting on its own first stage. Without that, a consumer could wait
     on a stage a whole lap of the ring ahead, and a parity wait cannot tell that lap from the
     current one.
+    ``HANDOFF``: the item ids come with each item's first stage (``items``, see :func:`_producer`);
+    a consumer waits for its turn, then for that stage, and stops at the end marker (-1), after
+    releasing the marker's stages and handing the turn on.
     """
     o_buf = o_bufs.index(PARITY)
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
     k_iters = gl.cdiv(K, BLOCK_K)
-    scale = n_tiles if GROUP_MAJOR else 1
-    n_local = gl.cdiv(gl.maximum(real_items - pid, 0), num_progs)
     HALF: gl.constexpr = SKIP_IDLE_HALF and not STACK
     g = -1
     excl = 0
     incl = 0
     start = 0
     end = 0
-    for i in range(PARITY, n_local, CONSUMERS):
-        if CONSUMERS == 2 and not HALF:
-            # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
-            mbarrier.wait(turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
-        item = pid + i * num_progs
-        key = item if GROUP_MAJOR else item // n_tiles
-        g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
-        row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
-        # Only a segment's last row tile can hold idle rows (past the end, or MoonEP's padding);
-        # the check (a load of 64 weights) is made before waiting for this consumer's turn.
-        idle_upper = False
-        if HALF:
-            if row_lo + BLOCK_M >= end:
-                idle_upper = _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT, WARPS)
+    pending = -1  # SIGNAL_ROWS: the row tile of this consumer's last stored item, not yet signalled
+    if HANDOFF:
+        il: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        i = PARITY
+        item = 0
+        while item >= 0:
             if CONSUMERS == 2:
                 mbarrier.wait(turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
-        cnt = i * k_iters  # the ring position of this item's first stage (the producer's count)
-        if HALF:
-            if idle_upper:
-                _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, row_lo,
-                      pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, cnt, k_iters, BLOCK_M // 2, BLOCK_M, BLOCK_N,
-                      STAGES, FUSED, HAS_WEIGHTS, STACK, PARITY, CONSUMERS, WARPS)
+            cnt = i * k_iters
+            mbarrier.wait(ready.index(cnt % STAGES), (cnt // STAGES) & 1)
+            item = gl.max(items.index(cnt % STAGES).load(il), 0)
+            if item >= 0:
+                g, excl, incl, start, end, pending = _run_item(
+                    a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr,
+                    sched_ptr, pending, G, NUM_ROWS, N, stride_om, item, i, k_iters, n_tiles, g, excl, incl, start,
+                    end, BLOCK_M, BLOCK_N, STAGES, GROUP_MAJOR, FUSED, HAS_WEIGHTS, STACK, HALF, SKIP_BY_WEIGHT,
+                    SIGNAL_ROWS, False, PARITY, CONSUMERS, WARPS)
+                i += CONSUMERS
             else:
-                _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, row_lo,
-                      pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, cnt, k_iters, BLOCK_M, BLOCK_M, BLOCK_N,
-                      STAGES, FUSED, HAS_WEIGHTS, STACK, PARITY, CONSUMERS, WARPS)
-        else:
-            _tile(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, row_lo,
-                  pid_n * BLOCK_N, end, NUM_ROWS, N, stride_om, cnt, k_iters, BLOCK_M, BLOCK_M, BLOCK_N, STAGES,
-                  FUSED, HAS_WEIGHTS, STACK, PARITY, CONSUMERS, WARPS)
+                for kk in range(k_iters):  # the end marker's stages, released like an item's
+                    mbarrier.wait(ready.index((cnt + kk) % STAGES), ((cnt + kk) // STAGES) & 1)
+                    mbarrier.arrive(empty.index((cnt + kk) % STAGES), count=1)
+                if CONSUMERS == 2:
+                    mbarrier.arrive(turn.index(1 - PARITY), count=1)
+    else:
+        n_local = gl.cdiv(gl.maximum(real_items - pid, 0), num_progs)
+        for i in range(PARITY, n_local, CONSUMERS):
+            if CONSUMERS == 2 and not HALF:
+                # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
+                mbarrier.wait(turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
+            g, excl, incl, start, end, row_tile = _run_item(
+                a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr,
+                sched_ptr, pending, G, NUM_ROWS, N, stride_om, pid + i * num_progs, i, k_iters, n_tiles, g, excl,
+                incl, start, end, BLOCK_M, BLOCK_N, STAGES, GROUP_MAJOR, FUSED, HAS_WEIGHTS, STACK, HALF,
+                SKIP_BY_WEIGHT, SIGNAL_ROWS, CONSUMERS == 2, PARITY, CONSUMERS, WARPS)
+            pending = row_tile
+    if SIGNAL_ROWS:
+        if pending >= 0:
+            _signal_row_tile(sched_ptr + 1 + pending)
 
     if ZERO_TAIL:
         # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
@@ -406,14 +609,15 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_d
 
 
 @gluon.jit
-def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_ptr, cu_ptr, G, NUM_ROWS, N, K,
-                            stride_om, Z_N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_ptr, cu_ptr, sched_ptr, G, NUM_ROWS,
+                            N, K, stride_om, Z_N, FLAG_TARGET, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                             STAGES: gl.constexpr, BLOCK_G: gl.constexpr, GROUP_MAJOR: gl.constexpr,
                             ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
                             PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
                             LAUNCH_DEPENDENTS: gl.constexpr, WAIT_PRIOR: gl.constexpr, STACKED: gl.constexpr,
-                            SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr, num_warps: gl.constexpr):
+                            SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr, SIGNAL_ROWS: gl.constexpr,
+                            HANDOFF: gl.constexpr, MAX_POLLS: gl.constexpr, num_warps: gl.constexpr):
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
         # programs take the SMs this grid's programs leave and wait for this grid's memory.
@@ -457,6 +661,10 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
         z_buf = gl.allocate_shared_memory(z_desc.dtype, z_desc.block_type.shape, z_desc.layout)
     else:
         z_buf = o_bufs.index(0)  # unused
+    if HANDOFF:  # each stage's item id (dynamic schedule), written by the producer
+        items = gl.allocate_shared_memory(gl.int32, [STAGES, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        items = z_buf  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -469,30 +677,32 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
     # (Argument lists written out: constexprs inside a tuple variable reach a partition as tensors.)
     if PINGPONG:
         gl.warp_specialize([
-            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
-                         NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
-                         BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
-                         SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
+            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, items, o_desc, out_ptr,
+                         rw_ptr, cu_ptr, sched_ptr, G, NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items,
+                         n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
+                         STACK, SKIP_IDLE_HALF, SKIP_BY_WEIGHT, SIGNAL_ROWS, HANDOFF,
                          0, 2, num_warps)),
-            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
-                         NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
-                         BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
-                         SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
+            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, items, o_desc, out_ptr,
+                         rw_ptr, cu_ptr, sched_ptr, G, NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items,
+                         n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
+                         STACK, SKIP_IDLE_HALF, SKIP_BY_WEIGHT, SIGNAL_ROWS, HANDOFF,
                          1, 2, num_warps)),
-            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
-                         NUM_ROWS, N, K, real_items, live_end, n_tiles, z_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
-                         GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK)),
+            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, cu_ptr,
+                         sched_ptr, G, NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, z_tiles, BLOCK_M,
+                         BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK, HANDOFF,
+                         CONSUMERS, MAX_POLLS)),
         ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr, G,
-                         NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items, n_tiles, BLOCK_M, BLOCK_N,
-                         BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS, STACK,
-                         SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
+            (_consumer, (a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, items, o_desc, out_ptr,
+                         rw_ptr, cu_ptr, sched_ptr, G, NUM_ROWS, N, K, stride_om, real_items, live_end, tail_items,
+                         n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
+                         STACK, SKIP_IDLE_HALF, SKIP_BY_WEIGHT, SIGNAL_ROWS, HANDOFF,
                          0, 1, num_warps)),
-            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, cu_ptr, G,
-                         NUM_ROWS, N, K, real_items, live_end, n_tiles, z_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
-                         GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK)),
+            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, cu_ptr,
+                         sched_ptr, G, NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, z_tiles, BLOCK_M,
+                         BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK, HANDOFF,
+                         CONSUMERS, MAX_POLLS)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -528,7 +738,7 @@ def _weights_ptr(a, route_weights, idle_weights):
 
 
 def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, zero_tail: bool, descs,
-                 pdl: str = "", idle_weights=None, tail_out=None) -> dict:
+                 pdl: str = "", idle_weights=None, tail_out=None, sched=None, flag_target: int = 0) -> dict:
     """Every kernel argument by name (unused pointers point at ``a``). ``pdl``: "primary" (the next
     kernel may launch early), "dependent" (launched early behind the kernel that writes ``a``; the
     launch itself needs ``launch_pdl=True``) or "". ``idle_weights`` (plain GEMM): ``[NvS]`` fp32
@@ -536,14 +746,20 @@ def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, z
     weight is 0), so that a tile's upper half of such rows is skipped like its route-weight-0 rows
     in the fused GEMM. ``tail_out``: ``[NvS, *]``, another tensor whose tail rows the producer warp
     zeroes, instead of this kernel's own ``out``'s (the experts op's fused GEMM zeroing the down
-    GEMM's output tail while it computes)."""
+    GEMM's output tail while it computes). ``sched``: the row-tile handoff of the experts op's pair
+    (:func:`handoff_buffer`): the "primary" signals each row tile of its output there, the
+    "dependent" takes its items from its counter and waits per row tile until the flag reaches
+    ``flag_target``."""
     g, n, k = w.shape
+    if sched is not None and pdl not in ("primary", "dependent"):
+        raise ValueError("the row-tile handoff (sched) is between a PDL primary and its dependent")
     if tail_out is not None and zero_tail:
         raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
     return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], z_desc=descs[4], out_ptr=out,
-                rw_ptr=_weights_ptr(a, route_weights, idle_weights), cu_ptr=cu_seqlens, G=g,
+                rw_ptr=_weights_ptr(a, route_weights, idle_weights), cu_ptr=cu_seqlens,
+                sched_ptr=cu_seqlens if sched is None else sched, G=g,
                 NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
-                Z_N=n if tail_out is None else tail_out.shape[1],
+                Z_N=n if tail_out is None else tail_out.shape[1], FLAG_TARGET=flag_target,
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
                 BLOCK_G=max(16, min(1024, triton.next_power_of_2(g))), GROUP_MAJOR=cfg.group_major,
                 ZERO_TAIL=zero_tail or tail_out is not None, FUSED=w_up is not None,
@@ -553,7 +769,27 @@ def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, z
                 TAIL_BY_PRODUCER=cfg.tail_by_producer or tail_out is not None, LAUNCH_DEPENDENTS=pdl == "primary",
                 WAIT_PRIOR=pdl == "dependent", STACKED=cfg.stacked, SKIP_IDLE_HALF=cfg.skip_idle_half,
                 SKIP_BY_WEIGHT=route_weights is not None or idle_weights is not None,
-                num_warps=4 if cfg.pingpong else 8)
+                SIGNAL_ROWS=sched is not None and pdl == "primary", HANDOFF=sched is not None and pdl == "dependent",
+                MAX_POLLS=MAX_POLLS, num_warps=4 if cfg.pingpong else 8)
+
+
+# Polls of a row tile's flag (about 0.1-0.3 us apart) before the dependent falls back to the
+# grid-wide wait: far longer than a legitimate wait (one or two of the primary's items), short
+# enough that a flag that never fills costs a few milliseconds once, never a hang.
+MAX_POLLS = 16384
+
+
+def flag_target(cfg: GluonConfig, n: int) -> int:
+    """A row tile's flag once the primary (config ``cfg``, ``n`` output columns) stored all of it:
+    each of its column tiles adds one per consumer thread."""
+    return triton.cdiv(n, cfg.block_n) * 32 * (4 if cfg.pingpong else 8)
+
+
+def handoff_buffer(num_rows: int, num_groups: int, block_m: int, device) -> torch.Tensor:
+    """The row-tile handoff's state, zeroed (one per pair launch): the dependent's item counter, then
+    one flag per row tile (a static bound on their number)."""
+    return torch.zeros(1 + triton_grouped_gemm.num_row_tiles(num_rows, num_groups, block_m), dtype=torch.int32,
+                       device=device)
 
 
 def _fast_descriptor(base, shape, strides, block_shape, layout):
@@ -572,7 +808,7 @@ TOOK_TAIL = 2
 
 
 def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail: bool = True,
-                   pdl: str = "", idle_weights=None, tail_out=None):
+                   pdl: str = "", idle_weights=None, tail_out=None, sched=None, flag_target: int = 0):
     """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
     SwiGLU GEMM. ``choose(a, w, w_up, out) -> GluonConfig | None`` (None: these operands are not
     for this kernel, e.g. TMA cannot address them) runs once per static signature; returns
@@ -581,7 +817,8 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
     leave ``tail_out`` alone). The first call per signature compiles and launches through Triton's
     JIT and keeps the compiled kernel; later calls launch it directly (:mod:`.fast_launch`), with
     descriptors rebuilt from the cached geometry. ``pdl``: see :func:`_kernel_args` (a "dependent"
-    launch must directly follow the kernel that writes ``a``; ``idle_weights`` there too)."""
+    launch must directly follow the kernel that writes ``a``; ``idle_weights`` there too); ``sched``
+    and ``flag_target``: the row-tile handoff of a pair (:func:`_kernel_args`, :func:`run_gluon_pair`)."""
     if w.shape[1] == 0:
         return True
     if a.shape[0] == 0:
@@ -591,7 +828,8 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
     key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), out.stride(), a.dtype, a.device, w_up is None,
            route_weights is None, idle_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16,
            rw.data_ptr() % 16, out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, zero_tail, pdl,
-           None if tail_out is None else (tail_out.shape, tail_out.stride(), tail_out.data_ptr() % 16))
+           None if tail_out is None else (tail_out.shape, tail_out.stride(), tail_out.data_ptr() % 16),
+           None if sched is None else sched.data_ptr() % 16, flag_target)
     entry = _PLANS.get(key)
     if entry is False:
         return False
@@ -605,7 +843,7 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
         tail = tail_out if cfg.takes_out_tail and w_up is not None else None
         descs = descriptors(a, w, u, out, cfg, tail)
         kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl, idle_weights,
-                              tail)
+                              tail, sched, flag_target)
         items = triton_grouped_gemm.num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1],
                                                                                                    cfg.block_n)
         grid = (max(1, min(_num_programs(a.device), items)), )
@@ -620,8 +858,8 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
     kernel, grid, geos, constexprs, took_tail = entry
     z = tail_out if took_tail else out
     descs = [_fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out, z), geos)]
-    fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, *_runtime_ints(a, w, out, z),
-                                               *constexprs])
+    fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, cu_seqlens if sched is None else sched,
+                                               *_runtime_ints(a, w, out, z), flag_target, *constexprs])
     return TOOK_TAIL if took_tail else True
 
 
@@ -638,12 +876,12 @@ def _num_programs(device: torch.device) -> int:
 
 
 def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=None, zero_tail=True, pdl="",
-           idle_weights=None, tail_out=None, **cfg):
+           idle_weights=None, tail_out=None, sched=None, flag_target=0, **cfg):
     """Launch with an explicit config (probes, tests): ``cfg`` are :class:`GluonConfig` fields
     (``takes_out_tail`` is the caller's business here: ``tail_out`` is used when given)."""
     config = GluonConfig(**cfg)
     u = w if w_up is None else w_up
     descs = descriptors(a, w, u, out, config, tail_out)
     kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl, idle_weights,
-                          tail_out)
+                          tail_out, sched, flag_target)
     return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))
