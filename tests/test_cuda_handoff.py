@@ -35,9 +35,9 @@ pytestmark = [pytest.mark.cuda,
 # (cooperative, idle halves, the tail by the fused producer), ping-pong consumers on both sides
 # with idle halves and the down producer's tail, and a split-epilogue down GEMM.
 PAIRS = {
-    "coop_idle_half_out_tail": (dict(pingpong=False, stages=4, skip_idle_half=True),
+    "coop_idle_half_out_tail": (dict(block_n=128, pingpong=False, stages=4, skip_idle_half=True),
                                 dict(pingpong=False, stages=6, tail_by_producer=False), True),
-    "pingpong_idle_half_producer_tail": (dict(block_n=64, stages=6),
+    "pingpong_idle_half_producer_tail": (dict(block_n=64, stages=6, pingpong=True),
                                          dict(stages=5, skip_idle_half=True, tail_by_producer=True), False),
     "split_epilogue_down": (dict(block_n=64, stages=6),
                             dict(pingpong=False, block_n=256, stages=4, epilogue_n=128, skip_idle_half=True), False),
