@@ -9,7 +9,8 @@ and fp32; on Hopper the default path (the Gluon forward kernels on sm90), the Tr
 (``MOONEP_OPS_GLUON=0``) and the portable path. Then every op with bad cu_seqlens
 values (decreasing, negative, past NvS, int32 extremes): unspecified results, but no
 out-of-bounds access. Every case is also checked against the float64 reference. On sm90, the
-Gluon paths that only large problems take (idle upper halves, another tensor's tail), forced.
+Gluon paths that only large problems take (idle upper halves, another tensor's tail, split
+epilogues, the experts op's row-tile handoff), forced.
 
 Prints one line per case and ``SANITIZE_CASES ran=<n> failed=<m>``; exits 1 if any failed.
 ``--device cpu`` runs the same cases on the CPU kernels (a dry run of this script).
@@ -123,6 +124,12 @@ def main():
                      results)
             _run("gluon split fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["coop_n128_s4_split"], True),
                  results)
+            # the experts op's row-tile handoff: flags in global memory, items through shared memory
+            from tests import test_cuda_handoff as th
+
+            for name, pair in th.PAIRS.items():
+                _run(f"gluon handoff {name}", lambda: th.test_row_tile_handoff(pair, th.MANY_GROUPS, repeats=2),
+                     results)
     # Invalid cu_seqlens values: the CUDA kernels must stay in bounds (no values to check).
     for mode in [m for m in modes if m != "portable"]:
         _set_mode(mode)

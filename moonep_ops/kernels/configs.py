@@ -173,7 +173,7 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     if fused:
         if k >= 4096 and num_rows >= 8192:
             return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768,
-                               tail_by_producer=tail_by_producer)
+                               tail_by_producer=tail_by_producer, handoff=num_rows < 16384)
         if num_rows >= 40960:
             return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer,
                                skip_idle_half=True, takes_out_tail=True)
