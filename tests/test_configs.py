@@ -42,6 +42,13 @@ def test_config_table_picks_each_consumer_scheme():
     assert pick(768, 2048, 48896, fused=True).takes_out_tail
     assert not any(pick(2048, 7168, nvs, fused=True).takes_out_tail for nvs in (13312, 20480, 45056))
     assert not pick(768, 2048, 33024, fused=True).takes_out_tail
+    # The row-tile handoff to the down GEMM: kimi-k2 decode's pair (-2.3% sustained) and the unpadded
+    # S=1024 one (NvS 8192, flat); nowhere else (+0.9 to +1.7% sustained: power_h200_ab_handoff*.json).
+    assert pick(2048, 7168, 13312, fused=True).handoff and pick(2048, 7168, 8192, fused=True).handoff
+    assert not any(pick(2048, 7168, nvs, fused=True).handoff for nvs in (20480, 32768, 45056))
+    assert not any(pick(768, 2048, nvs, fused=True).handoff for nvs in (512, 16384, 33024, 48896))
+    assert not any(pick(8192, 5120, nvs, fused=True).handoff for nvs in (2048, 6144))
+    assert not any(pick(n, k, nvs, fused=False).handoff for n, k, nvs in ((7168, 2048, 13312), (2048, 768, 48896)))
 
 
 def test_epilogue_n_is_the_whole_tile_or_half_of_it():
