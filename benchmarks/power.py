@@ -259,6 +259,14 @@ AB_SETS = {
         "handoff": ({"handoff": True}, {}),
         "no_handoff": ({"handoff": False}, {}),
     },
+    # The producers' tail zeros in 4 x 256 boxes (512-byte rows, unswizzled) instead of 8 x 128
+    # (two 128-byte swizzled pieces per row): the fused GEMM's share of out's tail (qwen3 S=2048),
+    # the down GEMM's own (kimi-k2), or both.
+    "zero_box": {
+        "fused_zero256": ({"zero_cols": 256}, {}),
+        "down_zero256": ({}, {"zero_cols": 256}),
+        "both_zero256": ({"zero_cols": 256}, {"zero_cols": 256}),
+    },
 }
 
 

@@ -196,6 +196,9 @@ GLUON_CANDIDATES = [
     (False, dict(pingpong=False, block_n=256, stages=4, epilogue_n=128, tail_by_producer=False)),
     (False, dict(stages=6, epilogue_n=64, skip_idle_half=True)),
     (True, dict(pingpong=False, stages=4, epilogue_n=64, skip_idle_half=True)),
+    # the producer's zeros in 4 x 256 boxes
+    (True, dict(pingpong=False, stages=4, skip_idle_half=True, zero_cols=256)),
+    (False, dict(pingpong=False, block_n=256, stages=3, zero_cols=256)),
 ]
 
 

@@ -59,3 +59,10 @@ def test_epilogue_n_is_the_whole_tile_or_half_of_it():
         configs.GluonConfig(block_n=128, epilogue_n=32)
     assert str(err.value) == ("GluonConfig: epilogue_n must be 0 or block_n = 128 (the whole tile) or "
                               "block_n // 2 = 64, got 32")
+
+
+def test_zero_cols_is_a_tma_box_width():
+    assert configs.GluonConfig(zero_cols=256).zero_cols == 256
+    with pytest.raises(ValueError) as err:
+        configs.GluonConfig(zero_cols=96)
+    assert str(err.value) == "GluonConfig: zero_cols must be 0, 64, 128 or 256, got 96"

@@ -35,6 +35,9 @@ PLAIN = {
     "coop_n256_split_tail_by_consumers": dict(pingpong=False, block_n=256, stages=4, epilogue_n=128,
                                               tail_by_producer=False),
     "pingpong_n128_s6_split": dict(stages=6, epilogue_n=64),
+    # The producer's tail zeros in other boxes (GluonConfig.zero_cols): 4 x 256, 16 x 64.
+    "coop_n256_zero256": dict(pingpong=False, block_n=256, stages=3, zero_cols=256),
+    "pingpong_zero64": dict(stages=5, zero_cols=64),
 }
 FUSED = {
     "pingpong_n64_s6": dict(block_n=64, stages=6),
@@ -101,7 +104,8 @@ def test_fused_zeroes_its_tail_when_asked(cfg):
 
 
 @pytest.mark.parametrize("layout", [GLUON_LAYOUTS[3], GLUON_LAYOUTS[4], GLUON_LAYOUTS[1]], ids=str)
-@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"]], ids=["pingpong", "coop"])
+@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"],
+                                 dict(FUSED["coop_n128_s4"], zero_cols=256)], ids=["pingpong", "coop", "coop_zero256"])
 def test_fused_zeroes_the_tail_of_another_tensor(layout, cfg):
     """``tail_out`` (the experts op's ``out``, zeroed by the fused GEMM's producer while it computes):
     its tail rows come back zero, in all its columns (520: not a multiple of the block); its live

@@ -50,11 +50,16 @@ class GluonConfig:
     # fused GEMM of the experts op: hand act to the down GEMM row tile by row tile (its programs take
     # items dynamically and start on finished row tiles instead of waiting for this whole grid)
     handoff: bool = False
+    # columns per TMA store of the producer's zero buffer (TAIL_BY_PRODUCER; 0: the epilogue's),
+    # 2 KiB a store: 256 makes 4 x 256 boxes, whose rows leave in one 512-byte piece each
+    zero_cols: int = 0
 
     def __post_init__(self):
         if self.epilogue_n not in (0, self.block_n, self.block_n // 2):
             raise ValueError(f"GluonConfig: epilogue_n must be 0 or block_n = {self.block_n} (the whole tile) or "
                              f"block_n // 2 = {self.block_n // 2}, got {self.epilogue_n}")
+        if self.zero_cols not in (0, 64, 128, 256):
+            raise ValueError(f"GluonConfig: zero_cols must be 0, 64, 128 or 256, got {self.zero_cols}")
 
 
 @dataclasses.dataclass(frozen=True)

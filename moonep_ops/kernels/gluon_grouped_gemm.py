@@ -724,12 +724,14 @@ def descriptors(a, w, u, out, cfg: GluonConfig, tail_out=None):
     a_l = gl.NVMMASharedLayout.get_default_for([block_m, block_k], dt)
     w_l = gl.NVMMASharedLayout.get_default_for([block_n, block_k], dt)
     o_l = gl.NVMMASharedLayout.get_default_for([block_m, epi_n], dt)
-    z_l = gl.NVMMASharedLayout.get_default_for([ZERO_ROWS, epi_n], dt)
+    # the zero buffer's box: ZERO_ROWS x epilogue, or 2 KiB of zero_cols-wide rows
+    z_box = [ZERO_ROWS, epi_n] if not cfg.zero_cols else [1024 // cfg.zero_cols, cfg.zero_cols]
+    z_l = gl.NVMMASharedLayout.get_default_for(z_box, dt)
     return (TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k], a_l),
             TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [block_n, block_k], w_l),
             TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [block_n, block_k], w_l),
             TensorDescriptor(out, list(out.shape), list(out.stride()), [block_m, epi_n], o_l),
-            TensorDescriptor(z, list(z.shape), list(z.stride()), [ZERO_ROWS, epi_n], z_l))
+            TensorDescriptor(z, list(z.shape), list(z.stride()), z_box, z_l))
 
 
 def _weights_ptr(a, route_weights, idle_weights):
