@@ -17,7 +17,9 @@ wgmma per warpgroup, fewer shared-memory reads; "energy": that and other tile sh
 GEMM; "combo": the winners of "energy", alone and together; "idle_half": idle upper halves
 skipped in neither GEMM or in both; "out_tail": the output's tail zeroed by the fused GEMM or by
 the down GEMM; "split_epilogue": kimi-k2's down GEMM with three stages, with and without a split
-epilogue, against the table's; "qwen_s2048": 128x256 down tiles and stacked fused tiles there).
+epilogue, against the table's; "qwen_s2048": 128x256 down tiles and stacked fused tiles there;
+"handoff": the row-tile handoff between the two GEMMs on and off; "zero_box": the producers' tail
+zeros in 4 x 256 boxes).
 ``--cool`` times the same candidates in interleaved short bursts instead (benchmarks/probe.py's
 rounds: a cool board's ranking). Under the power cap the board's
 energy per call decides the time, and that can rank candidates differently from a cool-board

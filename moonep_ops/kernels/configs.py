@@ -169,6 +169,14 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     stages: S=1024 -2.6% cool, -0.2% sustained; decode +0.6% / +0.1% and prefill +0.9% / -0.6%,
     so only 16384 <= NvS < 32768 takes it.
 
+    The row-tile handoff to the down GEMM (``handoff``, seventeenth session,
+    benchmarks/results/power_h200_ab_handoff*.json): kimi-k2 decode -2.1% cool, -2.3% sustained;
+    flat on unpadded kimi-k2 S=1024 (NvS 8192, the same fused config) and padded S=1024; +0.9 to
+    +1.7% sustained on prefill, both qwen3 shapes and llama4 (the per-row-tile signals, the
+    state's memset and the dynamic schedule cost more there than the early start buys), so only
+    the fused config with H >= 4096 below NvS 16384 takes it. The producers' zeros in 4 x 256
+    boxes (``zero_cols``, power_h200_ab_zero_box*): within 0.2% sustained everywhere: not picked.
+
     The tail's zeros (benchmarks/results/probe_gluon_h200_tail_pdl.json): written by the producer
     warp between its loads where the reduction is long (K >= 2048: kimi-k2 decode's down GEMM,
     half of whose rows are tail, -2.6%), by the consumers after their items where it is short

@@ -36,6 +36,12 @@ What Gluon lets us write that Triton 3.6's compiler does not produce here (measu
   tile that finishes early breaks the step of the programs sharing its weight tiles.
 - Another tensor's tail (``tail_out``): the experts op's fused GEMM zeroes ``out``'s tail rows
   from its producer warp, so that the down GEMM writes only real rows.
+- The row-tile handoff (``SIGNAL_ROWS`` / ``HANDOFF``, the experts op's pair where the config
+  table asks for it): the fused GEMM adds to a flag per row tile of ``act`` once its stores of a
+  tile completed; the dependent down GEMM takes its items from a global counter (so that programs
+  which start early, on SMs the fused GEMM's last programs left, take more of them) and waits per
+  row tile for its flag instead of for the whole fused grid. Item ids reach the consumers with
+  each item's first stage; bounded polls fall back to the grid-wide wait (never a hang).
 - A split epilogue (``o_desc``'s block half the tile's columns, ``GluonConfig.epilogue_n``): the
   tile leaves in two column halves through a half-size buffer, which leaves shared memory for
   another stage of the ring (kimi-k2's 128x256 down tiles: four stages instead of three).
