@@ -505,7 +505,8 @@ def _run_item(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_de
     g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
     row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
     # Only a segment's last row tile can hold idle rows (past the end, or MoonEP's padding);
-    # the check (a load of 64 weights) is made before waiting for this consumer's turn.
+    # with TURN_AFTER_CHECK the check (a load of 64 weights) is made before waiting for this
+    # consumer's turn (with a dynamic schedule the turn comes first: the item id is in the ring).
     idle_upper = False
     if HALF:
         if row_lo + BLOCK_M >= end:
@@ -592,12 +593,11 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, ite
             if CONSUMERS == 2 and not HALF:
                 # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
                 mbarrier.wait(turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
-            g, excl, incl, start, end, row_tile = _run_item(
+            g, excl, incl, start, end, pending = _run_item(
                 a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_desc, out_ptr, rw_ptr, cu_ptr,
                 sched_ptr, pending, G, NUM_ROWS, N, stride_om, pid + i * num_progs, i, k_iters, n_tiles, g, excl,
                 incl, start, end, BLOCK_M, BLOCK_N, STAGES, GROUP_MAJOR, FUSED, HAS_WEIGHTS, STACK, HALF,
                 SKIP_BY_WEIGHT, SIGNAL_ROWS, CONSUMERS == 2, PARITY, CONSUMERS, WARPS)
-            pending = row_tile
     if SIGNAL_ROWS:
         if pending >= 0:
             _signal_row_tile(sched_ptr + 1 + pending)
