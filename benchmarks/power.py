@@ -19,7 +19,8 @@ skipped in neither GEMM or in both; "out_tail": the output's tail zeroed by the 
 the down GEMM; "split_epilogue": kimi-k2's down GEMM with three stages, with and without a split
 epilogue, against the table's; "qwen_s2048": 128x256 down tiles and stacked fused tiles there;
 "handoff": the row-tile handoff between the two GEMMs on and off; "zero_box": the producers' tail
-zeros in 4 x 256 boxes).
+zeros in 4 x 256 boxes; "half_loads": idle upper halves' `a` rows loaded or not, and the skip where
+the table does not take it).
 ``--cool`` times the same candidates in interleaved short bursts instead (benchmarks/probe.py's
 rounds: a cool board's ranking). Under the power cap the board's
 energy per call decides the time, and that can rank candidates differently from a cool-board
@@ -268,6 +269,15 @@ AB_SETS = {
         "fused_zero256": ({"zero_cols": 256}, {}),
         "down_zero256": ({}, {"zero_cols": 256}),
         "both_zero256": ({"zero_cols": 256}, {"zero_cols": 256}),
+    },
+    # Half loads (eighteenth session): an idle-upper-half tile's producer loads only the lower half
+    # of its `a` rows (the table, where it skips), or the whole box as before ("full_loads"); and
+    # the skip where the table does not take it, now with half loads: qwen3 S=2048's down GEMM
+    # (+1.3% with whole loads, fifteenth session), kimi-k2 decode's fused GEMM (-1.8% then).
+    "half_loads": {
+        "full_loads": ({"half_loads": False}, {"half_loads": False}),
+        "down_skip": ({}, {"skip_idle_half": True}),
+        "fused_skip": ({"skip_idle_half": True}, {}),
     },
 }
 

@@ -199,6 +199,17 @@ GLUON_CANDIDATES = [
     # the producer's zeros in 4 x 256 boxes
     (True, dict(pingpong=False, stages=4, skip_idle_half=True, zero_cols=256)),
     (False, dict(pingpong=False, block_n=256, stages=3, zero_cols=256)),
+    # idle upper halves whose whole `a` box is still loaded (half_loads off), ping-pong and cooperative
+    (True, dict(pingpong=False, stages=4, skip_idle_half=True, half_loads=False)),
+    (False, dict(stages=5, skip_idle_half=True, half_loads=False)),
+]
+
+# The experts op's down GEMM as a programmatic dependent without the handoff (its first item's
+# weight loads issued before the wait), with idle halves: the producer's check of that first item
+# sizes those stages' loads.
+PDL_CANDIDATES = [
+    (False, dict(pingpong=False, block_n=256, stages=3, skip_idle_half=True)),
+    (False, dict(stages=5, skip_idle_half=True)),
 ]
 
 
@@ -225,6 +236,10 @@ def run_gluon_candidates(dtype) -> None:
         gluon_grouped_gemm.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
                                   w_up=w if fused else None,
                                   route_weights=torch.empty(rows, dtype=torch.float32) if fused else None, **cfg)
+    for _, cfg in PDL_CANDIDATES:
+        w = _empty(g, n, k, dtype=dtype)
+        gluon_grouped_gemm.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
+                                  idle_weights=torch.empty(rows, dtype=torch.float32), pdl="dependent", **cfg)
     sched = torch.empty(64, dtype=torch.int32)
     for fused, cfg in HANDOFF_CANDIDATES:
         w = _empty(g, n, k, dtype=dtype)

@@ -192,7 +192,12 @@ IDLE_CONFIGS = {"plain_pingpong": (False, PLAIN["pingpong_n128_s5"]), "plain_coo
                 "plain_coop_n256_split": (False, PLAIN["coop_n256_s4_split"]),
                 "plain_pingpong_split": (False, PLAIN["pingpong_n128_s6_split"]),
                 "fused_coop_split": (True, FUSED["coop_n128_s4_split"]),
-                "fused_pingpong": (True, FUSED["pingpong_n64_s6"]), "fused_coop": (True, FUSED["coop_n128_s4"])}
+                "fused_pingpong": (True, FUSED["pingpong_n64_s6"]), "fused_coop": (True, FUSED["coop_n128_s4"]),
+                # the skip with the whole `a` box still loaded (half_loads=False; by default the
+                # producer loads only the lower half of an idle tile's rows)
+                "plain_coop_full_loads": (False, dict(PLAIN["coop_n128_s6"], half_loads=False)),
+                "plain_pingpong_full_loads": (False, dict(PLAIN["pingpong_n128_s5"], half_loads=False)),
+                "fused_coop_full_loads": (True, dict(FUSED["coop_n128_s4"], half_loads=False))}
 
 
 def _idle_problem(k=256, n=384, tail=50):
@@ -275,15 +280,19 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
     """The public ops on MoonEP layouts whose padding rows are zero with weight 0 (as dispatch
     writes them), where the config table skips idle upper halves: ``moonep_experts`` whose down
     GEMM (K = 2048, N = 4096, NvS < 32768; a split epilogue at NvS 16384) skips by the route
-    weights, and the fused op at
-    NvS >= 40960 (H < 4096). float64 references, zero tails, zero padding rows."""
+    weights (and at NvS 13312 its fused GEMM too, with the row-tile handoff), and the fused op at
+    NvS >= 40960 (H < 4096), whose experts op's down GEMM skips as well. float64 references, zero
+    tails, zero padding rows."""
     import moonep_ops
 
-    # NvS 940, and NvS 16384, where the down GEMM also has a split epilogue (four stages)
-    for extra_tail, split in ((300, False), (16384 - 768, True)):
+    # NvS 940; NvS 13312, where the fused GEMM skips too (and hands its row tiles to the down GEMM);
+    # NvS 16384, where the down GEMM also has a split epilogue (four stages)
+    for extra_tail, split in ((300, False), (13312 - 768, False), (16384 - 768, True)):
         layout = _padded("padded_rw0", (100, 0, 130, 250, 65), 128, extra_tail=extra_tail, k=4096, n=2048)
         cfg = configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False)
         assert cfg.skip_idle_half and (cfg.epilogue_n == 128) == split
+        fused_cfg = configs.gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
+        assert fused_cfg.skip_idle_half == fused_cfg.handoff == (layout.nvs == 13312)
         x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
         rw = _zero_padding_weights(layout, rw)
         out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
@@ -296,6 +305,7 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
     layout = _padded("wide_fused_rw0", (3000, 0, 100, 7), 128, extra_tail=40960 - 3328, k=256, n=320)
     cfg = configs.gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
     assert cfg.skip_idle_half and cfg.takes_out_tail
+    assert configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).skip_idle_half  # its down GEMM
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     rw = _zero_padding_weights(layout, rw)
     pad = rw[:layout.total] == 0

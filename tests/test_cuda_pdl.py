@@ -31,6 +31,11 @@ GLUON = (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
 # are TMA-aligned, so on Hopper both GEMMs take the TMA path, and the pair uses PDL.
 SKEWED = Layout("pdl_skewed", (3072, *([128] * 24), 0, 7), 3072 + 24 * 128 + 7 + 61, k=1024, n=512,
                 padded_to=1)
+# Short first segments (40 and 100 rows, unpadded): the first items of many programs are tiles
+# whose upper half lies past the segment's end, so a dependent down GEMM that skips idle halves
+# sizes the weight loads it issues before the wait for such a tile (its `a` loads: half a box).
+IDLE_FIRST = Layout("pdl_idle_first", (40, 100, 3072, *([128] * 8), 0, 7), 40 + 100 + 3072 + 8 * 128 + 7 + 61,
+                    k=1024, n=512, padded_to=1)
 MANY_GROUPS = Layout("pdl_g1100", tuple((i % 3) * 16 for i in range(1100)), 1100 * 16 + 5, k=256, n=128,
                      padded_to=1)
 
@@ -93,16 +98,20 @@ GLUON_PAIRS = {
     "pingpong_down_tail_by_producer": (dict(block_n=64, stages=6), dict(stages=5, tail_by_producer=True)),
     "coop_down_tail_by_consumers": (dict(pingpong=False, stages=4),
                                     dict(pingpong=False, stages=6, tail_by_producer=False)),
+    # idle upper halves skipped by the down GEMM (and only the lower half of their act rows loaded),
+    # with both kinds of consumers
+    "coop_down_idle_half": (dict(pingpong=False, stages=4), dict(pingpong=False, stages=6, skip_idle_half=True)),
+    "pingpong_down_idle_half": (dict(block_n=64, stages=6), dict(stages=5, skip_idle_half=True)),
 }
 
 
 @pytest.mark.skipif(not GLUON, reason="the Gluon kernels need an sm90 GPU and a Triton with Gluon")
+@pytest.mark.parametrize("layout", [SKEWED, IDLE_FIRST], ids=lambda lay: lay.name)
 @pytest.mark.parametrize("configs", GLUON_PAIRS.values(), ids=GLUON_PAIRS.keys())
-def test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(configs):
+def test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(configs, layout):
     from moonep_ops.kernels import gluon_grouped_gemm as gg
 
     fused_cfg, down_cfg = configs
-    layout = SKEWED
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
@@ -111,7 +120,7 @@ def test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(configs):
         act.fill_(float("nan"))
         gg.launch(x, w_gate, cu, act, 132, w_up=w_up, route_weights=rw, zero_tail=False,
                   pdl="primary" if pdl else "", **fused_cfg)
-        gg.launch(act, w_down, cu, out, 132, pdl="dependent" if pdl else "", **down_cfg)
+        gg.launch(act, w_down, cu, out, 132, pdl="dependent" if pdl else "", idle_weights=rw, **down_cfg)
 
     pair(False)
     plain = out.clone()

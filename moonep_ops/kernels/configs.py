@@ -41,6 +41,9 @@ class GluonConfig:
     # a segment's last row tile whose upper 64 rows are idle (past the end, or route weight 0:
     # MoonEP's padding) runs its MMAs on the lower half only and stores zeros above
     skip_idle_half: bool = False
+    # with skip_idle_half: the producer loads only the lower half of such a tile's `a` rows (the
+    # rows its MMAs read), so that the idle rows cost no DRAM or L2 bytes either
+    half_loads: bool = True
     # fused GEMM of the experts op: its producer warp also zeroes the down GEMM's output tail (spread
     # over its loads, while the GEMM computes), so that the down GEMM writes only real rows
     takes_out_tail: bool = False
@@ -177,6 +180,15 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     the fused config with H >= 4096 below NvS 16384 takes it. The producers' zeros in 4 x 256
     boxes (``zero_cols``, power_h200_ab_zero_box*): within 0.2% sustained everywhere: not picked.
 
+    Half loads (``half_loads``, eighteenth session, benchmarks/results/power_h200_ab_half_loads*.json):
+    a tile that skips its idle upper half no longer loads that half's rows of ``a`` either (on by
+    default with the skip: fewer DRAM and L2 bytes; -0.6% sustained on qwen3 S=2048, -0.7% on
+    kimi-k2 S=1024). With it, two skips the table had left out now gain: qwen3 S=2048's down GEMM
+    (NvS >= 40960 with K < 2048; -0.8% sustained, -2.5% cool, where whole loads had cost +1.3%) and
+    kimi-k2 decode's fused GEMM (12288 <= NvS < 16384 with H >= 4096; -5.1% sustained, -2.9% cool:
+    its segments are one row tile each, so no tile has a partner to drift from). Unpadded kimi-k2
+    S=1024 (NvS 8192, the same fused branch) lost 7% with the whole-load skip and stays out.
+
     The tail's zeros (benchmarks/results/probe_gluon_h200_tail_pdl.json): written by the producer
     warp between its loads where the reduction is long (K >= 2048: kimi-k2 decode's down GEMM,
     half of whose rows are tail, -2.6%), by the consumers after their items where it is short
@@ -186,7 +198,8 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
     if fused:
         if k >= 4096 and num_rows >= 8192:
             return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768,
-                               tail_by_producer=tail_by_producer, handoff=num_rows < 16384)
+                               tail_by_producer=tail_by_producer, handoff=num_rows < 16384,
+                               skip_idle_half=12288 <= num_rows < 16384)
         if num_rows >= 40960:
             return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer,
                                skip_idle_half=True, takes_out_tail=True)
@@ -200,7 +213,8 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig
                            skip_idle_half=num_rows < 32768, epilogue_n=128 if split else 0)
     if k >= 8192 or (num_rows >= 32768 and k >= 2048):
         return GluonConfig(block_n=128, stages=5, tail_by_producer=tail_by_producer)
-    return GluonConfig(block_n=128, stages=6, pingpong=False, tail_by_producer=tail_by_producer)
+    return GluonConfig(block_n=128, stages=6, pingpong=False, tail_by_producer=tail_by_producer,
+                       skip_idle_half=num_rows >= 40960)
 
 
 def eltwise_config(cols: int, capability: tuple[int, int] | None) -> EltwiseConfig:

@@ -33,7 +33,9 @@ What Gluon lets us write that Triton 3.6's compiler does not produce here (measu
   past the end or have route weight 0 (``SKIP_BY_WEIGHT``: MoonEP's padding; the fused GEMM's
   own weights, or the experts op's passed to its down GEMM) runs its MMAs on the lower half
   (warpgroups split by columns) and stores zeros above. Picked only where measured faster: a
-  tile that finishes early breaks the step of the programs sharing its weight tiles.
+  tile that finishes early breaks the step of the programs sharing its weight tiles. With
+  ``HALF_LOADS`` the producer makes the same check and loads only the lower half of such a
+  tile's ``a`` rows (a second descriptor, half the box), so the idle rows cost no bytes either.
 - Another tensor's tail (``tail_out``): the experts op's fused GEMM zeroes ``out``'s tail rows
   from its producer warp, so that the down GEMM writes only real rows.
 - The row-tile handoff (``SIGNAL_ROWS`` / ``HANDOFF``, the experts op's pair where the config
@@ -208,16 +210,33 @@ def _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, k0, FUSED: gl
 
 
 @gluon.jit
-def _load_item(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, item, row_lo, w_row,
-               cnt, pre, k_iters, z_done, z_mine, stages_mine, live_end, z_tiles, BLOCK_K: gl.constexpr,
-               STAGES: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr, STACK: gl.constexpr,
-               HANDOFF: gl.constexpr):
+def _expect_stage(bar, a_desc, ah_desc, w_desc, half, FUSED: gl.constexpr, HALF_LOADS: gl.constexpr):
+    """``bar`` expects a stage's loads: ``a``'s box (with ``HALF_LOADS``, its lower half alone where
+    ``half``), the weights' (the byte count must be a constant: one expect per case)."""
+    w_bytes: gl.constexpr = w_desc.block_type.nbytes * (2 if FUSED else 1)
+    full: gl.constexpr = a_desc.block_type.nbytes + w_bytes
+    if HALF_LOADS:
+        lower: gl.constexpr = ah_desc.block_type.nbytes + w_bytes
+        if half:
+            mbarrier.expect(bar, lower)
+        else:
+            mbarrier.expect(bar, full)
+    else:
+        mbarrier.expect(bar, full)
+
+
+@gluon.jit
+def _load_item(a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, item,
+               row_lo, w_row, half, cnt, pre, k_iters, z_done, z_mine, stages_mine, live_end, z_tiles,
+               BLOCK_K: gl.constexpr, STAGES: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
+               STACK: gl.constexpr, HANDOFF: gl.constexpr, HALF_LOADS: gl.constexpr):
     """One item's loads into the ring from position ``cnt`` (the first ``pre`` positions already
     hold their weight loads), with this program's share of tail chunks spread over them. With
-    ``HANDOFF`` the item's id goes with its first stage (``items``), for the consumers."""
+    ``HANDOFF`` the item's id goes with its first stage (``items``), for the consumers. ``half``
+    (``HALF_LOADS``): the tile's upper half is idle, so only the lower half of its ``a`` rows is
+    loaded (``ah_desc``'s box), the rows its MMAs read."""
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes * (2 if FUSED else 1)
     for kk in range(k_iters):
         s = cnt % STAGES
         if cnt >= pre:
@@ -226,9 +245,17 @@ def _load_item(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, re
             if HANDOFF:
                 if kk == 0:
                     _publish_item(items, s, item)
-            mbarrier.expect(ready.index(s), nbytes)
+            _expect_stage(ready.index(s), a_desc, ah_desc, w_desc, half, FUSED, HALF_LOADS)
             _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, s, w_row, kk * BLOCK_K, FUSED, STACK)
-        tma.async_copy_global_to_shared(a_desc, [row_lo, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
+        if HALF_LOADS:
+            if half:
+                HALF_M: gl.constexpr = ah_desc.block_type.shape[0]
+                tma.async_copy_global_to_shared(ah_desc, [row_lo, kk * BLOCK_K], ready.index(s),
+                                                a_bufs.index(s).slice(0, HALF_M))
+            else:
+                tma.async_copy_global_to_shared(a_desc, [row_lo, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
+        else:
+            tma.async_copy_global_to_shared(a_desc, [row_lo, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
         cnt += 1
         if TAIL_BY_PRODUCER:
             z_target = gl.minimum(((cnt * z_mine.to(gl.int64)) // gl.maximum(stages_mine, 1)).to(gl.int32), z_mine)
@@ -248,12 +275,12 @@ def _publish_item(items, s, item):
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, cu_ptr, sched_ptr, G,
-              NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, z_tiles, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+def _producer(a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, rw_ptr,
+              cu_ptr, sched_ptr, G, NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, z_tiles,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
               STAGES: gl.constexpr, GROUP_MAJOR: gl.constexpr, FUSED: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
               WAIT_PRIOR: gl.constexpr, STACK: gl.constexpr, HANDOFF: gl.constexpr, CONSUMERS: gl.constexpr,
-              MAX_POLLS: gl.constexpr):
+              MAX_POLLS: gl.constexpr, HALF_LOADS: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr):
     """TMA loads into the ring, item after item. With ``TAIL_BY_PRODUCER`` it also zeroes this
     program's share of the tail rows of ``z_desc``'s tensor (this kernel's ``out``, or the experts
     op's ``out`` for its fused GEMM: ``z_tiles`` column chunks), by TMA stores of a zeroed
@@ -269,7 +296,11 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
     (``sched_ptr[1 + row tile]``) instead of the whole fused grid. The item's id goes to the
     consumers with its first stage; after the last, each consumer gets a stage-aligned item of
     empty stages marked -1. The grid-wide wait still runs at the end, so that this grid finishes
-    only after the fused one (a later kernel ordered after this one needs that)."""
+    only after the fused one (a later kernel ordered after this one needs that).
+
+    ``HALF_LOADS`` (with the consumers' idle-upper-half skip): the producer makes the consumers'
+    check itself (:func:`_idle_half`, the same loads of the same weights, so the same answer) and
+    loads only the lower half of ``a`` for such a tile: its MMAs never read the upper half."""
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
     k_iters = gl.cdiv(K, BLOCK_K)
@@ -279,16 +310,18 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
     incl = 0
     start = 0
     end = 0
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes * (2 if FUSED else 1)
     pre = 0  # stages whose weight loads were issued before the wait
     if WAIT_PRIOR and not HANDOFF:
         if pid < real_items:
             key0 = pid if GROUP_MAJOR else pid // n_tiles
             g, excl, incl, start, end = _walk(cu_ptr, G, key0, scale, g, excl, incl, start, end, BLOCK_M)
-            _, pid_n0 = _item_coords(pid, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
+            row_lo0, pid_n0 = _item_coords(pid, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
+            half0 = False
+            if HALF_LOADS:  # (the route weights are this call's input, not the prior kernel's output)
+                half0 = _idle_half(rw_ptr, row_lo0, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT)
             pre = gl.minimum(k_iters, STAGES)
             for kk in range(pre):
-                mbarrier.expect(ready.index(kk), nbytes)
+                _expect_stage(ready.index(kk), a_desc, ah_desc, w_desc, half0, FUSED, HALF_LOADS)
                 _load_weights(w_desc, u_desc, w_bufs, u_bufs, ready, kk, g * N + pid_n0 * BLOCK_N, kk * BLOCK_K,
                               FUSED, STACK)
         _gdc_wait()
@@ -315,10 +348,13 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
             row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
             waited = _wait_row_tile(sched_ptr + 1 + _row_tile(item, n_tiles, excl, incl, GROUP_MAJOR), FLAG_TARGET,
                                     waited, MAX_POLLS)
-            cnt, z_done = _load_item(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty,
-                                     items, item, row_lo, g * N + pid_n * BLOCK_N, cnt, pre, k_iters, z_done, z_mine,
-                                     stages_mine, live_end, z_tiles, BLOCK_K, STAGES, FUSED, TAIL_BY_PRODUCER, STACK,
-                                     HANDOFF)
+            half = False
+            if HALF_LOADS:
+                half = _idle_half(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT)
+            cnt, z_done = _load_item(a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready,
+                                     empty, items, item, row_lo, g * N + pid_n * BLOCK_N, half, cnt, pre, k_iters,
+                                     z_done, z_mine, stages_mine, live_end, z_tiles, BLOCK_K, STAGES, FUSED,
+                                     TAIL_BY_PRODUCER, STACK, HANDOFF, HALF_LOADS)
             item = _next_item(sched_ptr)
         # One end marker per consumer, each a whole item of stages (no loads), so that every ring
         # position stays where the consumers expect it.
@@ -335,10 +371,13 @@ def _producer(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, rea
             key = item if GROUP_MAJOR else item // n_tiles
             g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
             row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
-            cnt, z_done = _load_item(a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty,
-                                     items, item, row_lo, g * N + pid_n * BLOCK_N, cnt, pre, k_iters, z_done, z_mine,
-                                     stages_mine, live_end, z_tiles, BLOCK_K, STAGES, FUSED, TAIL_BY_PRODUCER, STACK,
-                                     HANDOFF)
+            half = False
+            if HALF_LOADS:
+                half = _idle_half(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT)
+            cnt, z_done = _load_item(a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready,
+                                     empty, items, item, row_lo, g * N + pid_n * BLOCK_N, half, cnt, pre, k_iters,
+                                     z_done, z_mine, stages_mine, live_end, z_tiles, BLOCK_K, STAGES, FUSED,
+                                     TAIL_BY_PRODUCER, STACK, HANDOFF, HALF_LOADS)
     if TAIL_BY_PRODUCER:
         while z_done < z_mine:  # all of it when this program has no real items
             _zero_chunk(z_desc, z_buf, pid + z_done * num_progs, live_end, z_tiles)
@@ -386,6 +425,16 @@ def _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexpr, BY_WE
     if BY_WEIGHT:
         live = live & (gl.load(rw_ptr + rows, mask=live, other=0.0) != 0.0)
     return gl.max(live.to(gl.int32), axis=0) == 0
+
+
+@gluon.jit
+def _idle_half(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexpr, BY_WEIGHT: gl.constexpr):
+    """The producer's copy of the consumers' check in :func:`_run_item` (one warp): whether the
+    item's tile is its segment's last and its upper half idle."""
+    idle = False
+    if row_lo + BLOCK_M >= end:
+        idle = _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, BY_WEIGHT, 1)
+    return idle
 
 
 @gluon.jit
@@ -615,15 +664,17 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, ite
 
 
 @gluon.jit
-def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_ptr, cu_ptr, sched_ptr, G, NUM_ROWS,
-                            N, K, stride_om, Z_N, FLAG_TARGET, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, ah_desc, out_ptr, rw_ptr, cu_ptr, sched_ptr, G,
+                            NUM_ROWS, N, K, stride_om, Z_N, FLAG_TARGET, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            BLOCK_K: gl.constexpr,
                             STAGES: gl.constexpr, BLOCK_G: gl.constexpr, GROUP_MAJOR: gl.constexpr,
                             ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
                             PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, TAIL_BY_PRODUCER: gl.constexpr,
                             LAUNCH_DEPENDENTS: gl.constexpr, WAIT_PRIOR: gl.constexpr, STACKED: gl.constexpr,
                             SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr, SIGNAL_ROWS: gl.constexpr,
-                            HANDOFF: gl.constexpr, MAX_POLLS: gl.constexpr, num_warps: gl.constexpr):
+                            HANDOFF: gl.constexpr, MAX_POLLS: gl.constexpr, HALF_LOADS: gl.constexpr,
+                            num_warps: gl.constexpr):
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
         # programs take the SMs this grid's programs leave and wait for this grid's memory.
@@ -693,10 +744,10 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
                          n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
                          STACK, SKIP_IDLE_HALF, SKIP_BY_WEIGHT, SIGNAL_ROWS, HANDOFF,
                          1, 2, num_warps)),
-            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, cu_ptr,
-                         sched_ptr, G, NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, z_tiles, BLOCK_M,
-                         BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK, HANDOFF,
-                         CONSUMERS, MAX_POLLS)),
+            (_producer, (a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items,
+                         rw_ptr, cu_ptr, sched_ptr, G, NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles,
+                         z_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR,
+                         STACK, HANDOFF, CONSUMERS, MAX_POLLS, HALF_LOADS, SKIP_BY_WEIGHT)),
         ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -705,10 +756,10 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
                          n_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, CONSUMER_TAIL, FUSED, HAS_WEIGHTS,
                          STACK, SKIP_IDLE_HALF, SKIP_BY_WEIGHT, SIGNAL_ROWS, HANDOFF,
                          0, 1, num_warps)),
-            (_producer, (a_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items, cu_ptr,
-                         sched_ptr, G, NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles, z_tiles, BLOCK_M,
-                         BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR, STACK, HANDOFF,
-                         CONSUMERS, MAX_POLLS)),
+            (_producer, (a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready, empty, items,
+                         rw_ptr, cu_ptr, sched_ptr, G, NUM_ROWS, N, K, FLAG_TARGET, real_items, live_end, n_tiles,
+                         z_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR,
+                         STACK, HANDOFF, CONSUMERS, MAX_POLLS, HALF_LOADS, SKIP_BY_WEIGHT)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -717,11 +768,13 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, out_ptr, rw_
 ZERO_ROWS = 8
 
 
-def descriptors(a, w, u, out, cfg: GluonConfig, tail_out=None):
-    """Gluon TMA descriptors for ``cfg``'s blocks: ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]``
+def descriptors(a, w, u, out, cfg: GluonConfig, tail_out=None, fused: bool = False):
+    """Gluon TMA descriptors for ``cfg``'s blocks (``fused``: the SwiGLU GEMM, ``u`` its up weights):
+    ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]``
     matrix, ``out [NvS, N]`` by output tile (``cfg.epilogue_n`` columns of it: half a tile for a
-    split epilogue), and ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue`` chunk (the
-    producer's tail zeroing)."""
+    split epilogue), ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue`` chunk (the
+    producer's tail zeroing), and ``a`` by half a row tile where the config loads idle upper
+    halves' lower halves alone (:func:`half_loads`; else None)."""
     z = out if tail_out is None else tail_out
     g, n, k = w.shape
     block_m, block_n, block_k = cfg.block_m, cfg.block_n, cfg.block_k
@@ -737,7 +790,16 @@ def descriptors(a, w, u, out, cfg: GluonConfig, tail_out=None):
             TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [block_n, block_k], w_l),
             TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [block_n, block_k], w_l),
             TensorDescriptor(out, list(out.shape), list(out.stride()), [block_m, epi_n], o_l),
-            TensorDescriptor(z, list(z.shape), list(z.stride()), z_box, z_l))
+            TensorDescriptor(z, list(z.shape), list(z.stride()), z_box, z_l),
+            TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m // 2, block_k], a_l)
+            if half_loads(cfg, fused) else None)
+
+
+def half_loads(cfg: GluonConfig, fused: bool) -> bool:
+    """Whether the kernel's producer loads only the lower half of ``a`` for a tile whose upper half
+    is idle: with ``skip_idle_half`` (the consumers' lower-half MMAs), where the config asks for it
+    (``half_loads``), except in stacked fused tiles, which never skip."""
+    return cfg.skip_idle_half and cfg.half_loads and not (fused and cfg.stacked)
 
 
 def _weights_ptr(a, route_weights, idle_weights):
@@ -763,7 +825,8 @@ def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, z
         raise ValueError("the row-tile handoff (sched) is between a PDL primary and its dependent")
     if tail_out is not None and zero_tail:
         raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
-    return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], z_desc=descs[4], out_ptr=out,
+    return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], z_desc=descs[4],
+                ah_desc=descs[5], out_ptr=out,
                 rw_ptr=_weights_ptr(a, route_weights, idle_weights), cu_ptr=cu_seqlens,
                 sched_ptr=cu_seqlens if sched is None else sched, G=g,
                 NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
@@ -778,7 +841,7 @@ def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, z
                 WAIT_PRIOR=pdl == "dependent", STACKED=cfg.stacked, SKIP_IDLE_HALF=cfg.skip_idle_half,
                 SKIP_BY_WEIGHT=route_weights is not None or idle_weights is not None,
                 SIGNAL_ROWS=sched is not None and pdl == "primary", HANDOFF=sched is not None and pdl == "dependent",
-                MAX_POLLS=MAX_POLLS, num_warps=4 if cfg.pingpong else 8)
+                MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, num_warps=4 if cfg.pingpong else 8)
 
 
 # Polls of a row tile's flag (about 0.1-0.3 us apart) before the dependent falls back to the
@@ -849,7 +912,7 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
             _PLANS[key] = False
             return False
         tail = tail_out if cfg.takes_out_tail and w_up is not None else None
-        descs = descriptors(a, w, u, out, cfg, tail)
+        descs = descriptors(a, w, u, out, cfg, tail, fused=w_up is not None)
         kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl, idle_weights,
                               tail, sched, flag_target)
         items = triton_grouped_gemm.num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1],
@@ -858,14 +921,15 @@ def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail
         # (The compiled kernel's metadata keeps launch_pdl: the direct launches below use it too.)
         kernel = _ws_grouped_gemm_kernel[grid](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))
         if fast_launch.ENABLED and hasattr(kernel, "run"):
-            geos = [(list(d.shape), list(d.strides), list(d.block_shape), d.layout) for d in descs]
+            geos = [None if d is None else (list(d.shape), list(d.strides), list(d.block_shape), d.layout)
+                    for d in descs]
             names = _ws_grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
             _PLANS[key] = (kernel, grid, geos, [kwargs[name] for name in names[names.index("BLOCK_M"):]],
                            tail is not None)
         return True if tail is None else TOOK_TAIL
     kernel, grid, geos, constexprs, took_tail = entry
     z = tail_out if took_tail else out
-    descs = [_fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out, z), geos)]
+    descs = [None if geo is None else _fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out, z, a), geos)]
     fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, cu_seqlens if sched is None else sched,
                                                *_runtime_ints(a, w, out, z), flag_target, *constexprs])
     return TOOK_TAIL if took_tail else True
@@ -889,7 +953,7 @@ def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=No
     (``takes_out_tail`` is the caller's business here: ``tail_out`` is used when given)."""
     config = GluonConfig(**cfg)
     u = w if w_up is None else w_up
-    descs = descriptors(a, w, u, out, config, tail_out)
+    descs = descriptors(a, w, u, out, config, tail_out, fused=w_up is not None)
     kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl, idle_weights,
                           tail_out, sched, flag_target)
     return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))
