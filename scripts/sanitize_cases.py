@@ -10,7 +10,7 @@ and fp32; on Hopper the default path (the Gluon forward kernels on sm90), the Tr
 values (decreasing, negative, past NvS, int32 extremes): unspecified results, but no
 out-of-bounds access. Every case is also checked against the float64 reference. On sm90, the
 Gluon paths that only large problems take (idle upper halves, another tensor's tail, split
-epilogues, the experts op's row-tile handoff), forced.
+epilogues, the experts op's row-tile handoff, a PDL dependent whose first items skip idle halves), forced.
 
 Prints one line per case and ``SANITIZE_CASES ran=<n> failed=<m>``; exits 1 if any failed.
 ``--device cpu`` runs the same cases on the CPU kernels (a dry run of this script).
@@ -130,6 +130,11 @@ def main():
             for name, pair in th.PAIRS.items():
                 _run(f"gluon handoff {name}", lambda: th.test_row_tile_handoff(pair, th.MANY_GROUPS, repeats=2),
                      results)
+            # a PDL dependent down GEMM whose first items skip idle halves (half loads before its wait)
+            from tests import test_cuda_pdl as tp
+
+            _run("gluon pdl idle_first", lambda: tp.test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(
+                tp.GLUON_PAIRS["coop_down_idle_half"], tp.IDLE_FIRST), results)
     # Invalid cu_seqlens values: the CUDA kernels must stay in bounds (no values to check).
     for mode in [m for m in modes if m != "portable"]:
         _set_mode(mode)
