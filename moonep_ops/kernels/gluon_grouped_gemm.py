@@ -316,9 +316,8 @@ def _producer(a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z
             key0 = pid if GROUP_MAJOR else pid // n_tiles
             g, excl, incl, start, end = _walk(cu_ptr, G, key0, scale, g, excl, incl, start, end, BLOCK_M)
             row_lo0, pid_n0 = _item_coords(pid, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
-            half0 = False
-            if HALF_LOADS:  # (the route weights are this call's input, not the prior kernel's output)
-                half0 = _idle_half(rw_ptr, row_lo0, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT)
+            # (the route weights are this call's input, not the prior kernel's output)
+            half0 = _idle_half(HALF_LOADS, rw_ptr, row_lo0, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT, 1)
             pre = gl.minimum(k_iters, STAGES)
             for kk in range(pre):
                 _expect_stage(ready.index(kk), a_desc, ah_desc, w_desc, half0, FUSED, HALF_LOADS)
@@ -348,9 +347,7 @@ def _producer(a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z
             row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
             waited = _wait_row_tile(sched_ptr + 1 + _row_tile(item, n_tiles, excl, incl, GROUP_MAJOR), FLAG_TARGET,
                                     waited, MAX_POLLS)
-            half = False
-            if HALF_LOADS:
-                half = _idle_half(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT)
+            half = _idle_half(HALF_LOADS, rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT, 1)
             cnt, z_done = _load_item(a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready,
                                      empty, items, item, row_lo, g * N + pid_n * BLOCK_N, half, cnt, pre, k_iters,
                                      z_done, z_mine, stages_mine, live_end, z_tiles, BLOCK_K, STAGES, FUSED,
@@ -371,9 +368,7 @@ def _producer(a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z
             key = item if GROUP_MAJOR else item // n_tiles
             g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
             row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
-            half = False
-            if HALF_LOADS:
-                half = _idle_half(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT)
+            half = _idle_half(HALF_LOADS, rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT, 1)
             cnt, z_done = _load_item(a_desc, ah_desc, w_desc, u_desc, z_desc, a_bufs, w_bufs, u_bufs, z_buf, ready,
                                      empty, items, item, row_lo, g * N + pid_n * BLOCK_N, half, cnt, pre, k_iters,
                                      z_done, z_mine, stages_mine, live_end, z_tiles, BLOCK_K, STAGES, FUSED,
@@ -428,12 +423,15 @@ def _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexpr, BY_WE
 
 
 @gluon.jit
-def _idle_half(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexpr, BY_WEIGHT: gl.constexpr):
-    """The producer's copy of the consumers' check in :func:`_run_item` (one warp): whether the
-    item's tile is its segment's last and its upper half idle."""
+def _idle_half(ON: gl.constexpr, rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexpr, BY_WEIGHT: gl.constexpr,
+               WARPS: gl.constexpr):
+    """Whether the item's tile takes the idle-upper-half path (``ON``: the kernel has it): it is its
+    segment's last (only such a tile can hold idle rows) and its upper half is idle. The consumers
+    (:func:`_run_item`) and, for half loads, the producer ask this same question of the same data."""
     idle = False
-    if row_lo + BLOCK_M >= end:
-        idle = _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, BY_WEIGHT, 1)
+    if ON:
+        if row_lo + BLOCK_M >= end:
+            idle = _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, BY_WEIGHT, WARPS)
     return idle
 
 
@@ -553,13 +551,10 @@ def _run_item(a_bufs, w_bufs, u_bufs, wide_bufs, o_buf, ready, empty, turn, o_de
     scale = n_tiles if GROUP_MAJOR else 1
     g, excl, incl, start, end = _walk(cu_ptr, G, key, scale, g, excl, incl, start, end, BLOCK_M)
     row_lo, pid_n = _item_coords(item, n_tiles, excl, incl, start, BLOCK_M, GROUP_MAJOR)
-    # Only a segment's last row tile can hold idle rows (past the end, or MoonEP's padding);
-    # with TURN_AFTER_CHECK the check (a load of 64 weights) is made before waiting for this
+    # With TURN_AFTER_CHECK the idle check (a load of 64 weights) is made before waiting for this
     # consumer's turn (with a dynamic schedule the turn comes first: the item id is in the ring).
-    idle_upper = False
+    idle_upper = _idle_half(HALF, rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT, WARPS)
     if HALF:
-        if row_lo + BLOCK_M >= end:
-            idle_upper = _upper_half_idle(rw_ptr, row_lo, end, NUM_ROWS, BLOCK_M, SKIP_BY_WEIGHT, WARPS)
         if TURN_AFTER_CHECK:
             mbarrier.wait(turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
     cnt = i * k_iters  # the ring position of this item's first stage (the producer's count)
