@@ -8,8 +8,8 @@ has them registered.
 
 import torch
 
-from moonep_ops import _checks
-from moonep_ops._library import NAMESPACE, lib
+from moonep_ops import checks
+from moonep_ops.schemas import NAMESPACE, lib
 
 
 def _fake(name: str):
@@ -18,31 +18,30 @@ def _fake(name: str):
 
 @_fake("grouped_gemm")
 def grouped_gemm(a, w, cu_seqlens):
-    _checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
+    checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
     return a.new_empty((a.shape[0], w.shape[1]))
 
 
 @_fake("grouped_gemm_out")
 def grouped_gemm_out(a, w, cu_seqlens, out):
-    _checks.check_grouped_gemm("grouped_gemm_out", a, w, cu_seqlens)
-    _checks.check_out("grouped_gemm_out", out, (a.shape[0], w.shape[1]), a.dtype, a.device)
+    checks.check_grouped_gemm_out("grouped_gemm_out", a, w, cu_seqlens, out)
 
 
 @_fake("silu_mul_weight")
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
-    _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
+    checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
     return gate.new_empty(gate.shape)
 
 
 @_fake("grouped_gemm_silu_mul")
 def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
-    _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
+    checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
     return x.new_empty((x.shape[0], w_gate.shape[1]))
 
 
 @_fake("grouped_gemm_silu_mul_with_gate_up")
 def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens):
-    _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul_with_gate_up", x, w_gate, w_up, route_weights,
+    checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul_with_gate_up", x, w_gate, w_up, route_weights,
                                         cu_seqlens)
     shape = (x.shape[0], w_gate.shape[1])
     return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape)
@@ -50,14 +49,52 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
 
 @_fake("experts")
 def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
-    _checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     return x.new_empty(x.shape)
 
 
 @_fake("experts_out")
 def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out):
-    _checks.check_experts("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
-    _checks.check_out("experts_out", out, tuple(x.shape), x.dtype, x.device)
+    checks.check_experts_out("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
 
 
-from . import backward  # noqa: F401,E402  (fakes of the backward ops)
+# Backward ops --------------------------------------------------------------------------------
+
+@_fake("grouped_gemm_dgrad")
+def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
+    checks.check_grouped_gemm_dgrad("grouped_gemm_dgrad", grad_out, w, cu_seqlens)
+    return grad_out.new_empty((grad_out.shape[0], w.shape[2]))
+
+
+@_fake("grouped_gemm_dual_dgrad")
+def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
+    checks.check_grouped_gemm_dual_dgrad("grouped_gemm_dual_dgrad", grad_gate, grad_up, w_gate, w_up,
+                                           cu_seqlens)
+    return grad_gate.new_empty((grad_gate.shape[0], w_gate.shape[2]))
+
+
+@_fake("grouped_gemm_wgrad")
+def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
+    checks.check_grouped_gemm_wgrad("grouped_gemm_wgrad", grad_out, a, cu_seqlens)
+    return a.new_empty((cu_seqlens.shape[0], grad_out.shape[1], a.shape[1]))
+
+
+def _activation_grads(rows_like: torch.Tensor, shape):
+    d_gate = rows_like.new_empty(shape)
+    d_up = rows_like.new_empty(shape)
+    d_rw = rows_like.new_empty((shape[0],), dtype=checks.grad_route_weights_dtype(rows_like.dtype))
+    return d_gate, d_up, d_rw
+
+
+@_fake("silu_mul_weight_backward")
+def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
+    checks.check_silu_mul_weight_backward("silu_mul_weight_backward", grad, gate, up, route_weights,
+                                            cu_seqlens)
+    return _activation_grads(gate, gate.shape)
+
+
+@_fake("grouped_gemm_silu_mul_backward")
+def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens):
+    checks.check_grouped_gemm_silu_mul_backward("grouped_gemm_silu_mul_backward", grad, x, w_gate, w_up,
+                                                  route_weights, cu_seqlens)
+    return _activation_grads(x, (x.shape[0], w_gate.shape[1]))

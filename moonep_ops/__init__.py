@@ -1,12 +1,13 @@
 """moonep_ops: MoonEP's mixture-of-experts compute as PyTorch custom ops.
 
-Importing this package defines the ``moonep`` ops (:mod:`moonep_ops._library`), registers
-their CPU and CUDA kernels (:mod:`moonep_ops.kernels`) and their fake impls (the top-level
-``fake_impls`` package). vLLM integration lives in :mod:`moonep_ops.vllm` and is imported
+Importing this package defines the ``moonep`` ops (:mod:`moonep_ops.schemas`), registers
+their CPU and CUDA kernels (:mod:`moonep_ops.kernels`), their fake impls (the top-level
+``fake_impls`` package) and their autograd formulas (:mod:`moonep_ops.autograd`). The public
+API is :mod:`moonep_ops.ops`. vLLM integration lives in :mod:`moonep_ops.vllm` and is imported
 only on demand.
 """
 
-from . import _library  # noqa: F401  (defines the schemas first)
+from . import schemas  # noqa: F401  (defines the schemas first)
 from . import kernels  # noqa: F401  (registers the kernels)
 import fake_impls  # noqa: F401,E402  (registers the fakes)
 from . import autograd  # noqa: F401,E402  (autograd formulas; after kernels and fakes)

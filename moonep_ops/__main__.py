@@ -115,13 +115,14 @@ def _kernel_path(device: torch.device, dtype: torch.dtype, cap=None) -> str:
     """Which forward kernels this device and dtype take (where the operands allow TMA)."""
     if device.type != "cuda":
         return "CPU kernels (per-segment torch.mm)"
-    from moonep_ops.kernels import cuda
+    from moonep_ops import flags
+    from moonep_ops.kernels.cuda import paths
 
     cap = cap or torch.cuda.get_device_capability(device)
-    if cuda._gluon_wanted(cap, dtype):
+    if paths.gluon_wanted(cap, dtype):
         return "forward GEMMs on the warp-specialized Gluon kernels (MOONEP_OPS_GLUON=0: the Triton ones)"
-    if cuda.hopper_tma(cap, dtype):
-        return "Triton kernels with TMA loads" + ("" if cuda.pdl_allowed() else ", no PDL")
+    if paths.hopper_tma(cap, dtype):
+        return "Triton kernels with TMA loads" + ("" if flags.pdl() else ", no PDL")
     return "portable Triton kernels"
 
 

@@ -30,7 +30,7 @@ capture safe (the ops never sync the host).
 
 import torch
 
-from ._library import NAMESPACE, lib, op
+from .schemas import NAMESPACE, lib, op
 
 _grouped_gemm_dgrad = op("grouped_gemm_dgrad")
 _grouped_gemm_dual_dgrad = op("grouped_gemm_dual_dgrad")

@@ -1,6 +1,6 @@
 """Public Python API: thin calls of the ``torch.ops.moonep`` ops.
 
-Schemas live in :mod:`moonep_ops._library`, kernels in :mod:`moonep_ops.kernels`, fakes in
+Schemas live in :mod:`moonep_ops.schemas`, kernels in :mod:`moonep_ops.kernels`, fakes in
 the top-level ``fake_impls`` package.
 """
 
@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch
 
-from . import _checks, _fast_checks
-from ._library import op
+from . import checks
+from .schemas import op
 
 # Resolved once: attribute lookups on torch.ops cost host time on every call.
 _grouped_gemm = op("grouped_gemm")
@@ -105,11 +105,9 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
         _experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
         return out
     # Training composes the separate ops; bad input still reads as the experts op's error, as
-    # without grad. Valid input takes only the cheap pre-check (under torch.compile the ops'
-    # fakes check; Dynamo cannot trace the lazy messages).
-    if not (torch.compiler.is_compiling()
-            or _fast_checks.experts_ok(x, w_gate, w_up, w_down, route_weights, cu_seqlens)):
-        _checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    # without grad (under torch.compile the ops' fakes check: Dynamo cannot trace the lazy messages).
+    if not torch.compiler.is_compiling():
+        checks.checked(checks.check_experts, "experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     if recompute or not _needs_grad(x, w_gate, w_up, route_weights):  # (only w_down: nothing to save)
         act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
     else:

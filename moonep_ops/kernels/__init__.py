@@ -1,8 +1,8 @@
-"""Kernels per device. Importing this package registers every kernel with the dispatcher.
+"""Kernels per device; importing this package registers every kernel with the dispatcher.
 
-- :mod:`.cpu`: reference-quality CPU kernels (per-segment ``torch.mm``); CI exercises these.
-- :mod:`.cuda`: Triton kernels for NVIDIA GPUs from sm80; Triton is imported at first call.
+- :mod:`.cpu`: reference-quality CPU kernels (per-segment ``torch.mm``), forward and backward.
+- :mod:`.cuda`: CUDA registration and kernel-path choice; the kernels themselves are in
+  :mod:`.triton` (any GPU from sm80) and :mod:`.gluon` (sm90), imported at the first call.
 """
 
 from . import cpu, cuda  # noqa: F401  (registration side effects)
-from . import cpu_backward, cuda_backward  # noqa: F401,E402  (backward ops, issue 7)

@@ -1,4 +1,5 @@
-"""CPU kernels: a per-segment loop over ``torch.mm``, accumulated in fp32 (fp64 for fp64).
+"""CPU kernels of every op, forward and backward: a per-segment loop over ``torch.mm``,
+accumulated in fp32 (fp64 for fp64). They are the reference the CUDA kernels are tested against.
 
 The CPU path may read ``cu_seqlens`` on the host, so it also validates its values.
 Rows at or past ``cu_seqlens[-1]`` are never read and come out as zeros.
@@ -6,8 +7,8 @@ Rows at or past ``cu_seqlens[-1]`` are never read and come out as zeros.
 
 import torch
 
-from .. import _checks
-from .._library import lib
+from .. import checks
+from ..schemas import lib
 
 
 def segments(cu_seqlens: torch.Tensor):
@@ -21,7 +22,7 @@ def segments(cu_seqlens: torch.Tensor):
 
 def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
     """``out[seg_g] = a[seg_g] @ w[g].T``; tail rows set to zero."""
-    acc = _checks.accum_dtype(a.dtype)
+    acc = checks.accum_dtype(a.dtype)
     end = 0
     for g, start, end in segments(cu_seqlens):
         out[start:end] = torch.mm(a[start:end].to(acc), w[g].to(acc).t()).to(out.dtype)
@@ -31,29 +32,28 @@ def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
 
 
 def grouped_gemm(a, w, cu_seqlens):
-    _checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
-    _checks.check_cu_seqlens_values("grouped_gemm", cu_seqlens, a.shape[0])
+    checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
+    checks.check_cu_seqlens_values("grouped_gemm", cu_seqlens, a.shape[0])
     out = torch.empty((a.shape[0], w.shape[1]), dtype=a.dtype, device=a.device)
     grouped_gemm_into(a, w, cu_seqlens, out)
     return out
 
 
 def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
-    _checks.check_grouped_gemm("grouped_gemm_out", a, w, cu_seqlens)
-    _checks.check_out("grouped_gemm_out", out, (a.shape[0], w.shape[1]), a.dtype, a.device)
-    _checks.check_cu_seqlens_values("grouped_gemm_out", cu_seqlens, a.shape[0])
+    checks.check_grouped_gemm_out("grouped_gemm_out", a, w, cu_seqlens, out)
+    checks.check_cu_seqlens_values("grouped_gemm_out", cu_seqlens, a.shape[0])
     grouped_gemm_into(a, w, cu_seqlens, out)
 
 
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
-    _checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
-    _checks.check_cu_seqlens_values("silu_mul_weight", cu_seqlens, gate.shape[0])
+    checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
+    checks.check_cu_seqlens_values("silu_mul_weight", cu_seqlens, gate.shape[0])
     return silu_mul_weight_unchecked(gate, up, route_weights, cu_seqlens)
 
 
 def silu_mul_weight_unchecked(gate, up, route_weights, cu_seqlens):
     """``silu(gate) * up * rw`` on the live rows, zeros in the tail (arguments already checked)."""
-    acc = _checks.accum_dtype(gate.dtype)
+    acc = checks.accum_dtype(gate.dtype)
     end = int(cu_seqlens[-1])
     out = torch.zeros_like(gate, memory_format=torch.contiguous_format)
     act = torch.nn.functional.silu(gate[:end].to(acc)) * up[:end].to(acc)
@@ -65,13 +65,13 @@ def silu_mul_weight_unchecked(gate, up, route_weights, cu_seqlens):
 
 def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
     """Fused gate/up projections and activation: gate and up stay in the accumulation dtype."""
-    _checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
-    _checks.check_cu_seqlens_values("grouped_gemm_silu_mul", cu_seqlens, x.shape[0])
+    checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
+    checks.check_cu_seqlens_values("grouped_gemm_silu_mul", cu_seqlens, x.shape[0])
     return _grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens)
 
 
 def _grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens):
-    acc = _checks.accum_dtype(x.dtype)
+    acc = checks.accum_dtype(x.dtype)
     out = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
     end = 0
     for g, start, end in segments(cu_seqlens):
@@ -88,8 +88,8 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
     """Gate and up as two grouped GEMMs (rounded to x's dtype), then the activation of those
     rounded values: bitwise what the unfused ops give."""
     name = "grouped_gemm_silu_mul_with_gate_up"
-    _checks.check_grouped_gemm_silu_mul(name, x, w_gate, w_up, route_weights, cu_seqlens)
-    _checks.check_cu_seqlens_values(name, cu_seqlens, x.shape[0])
+    checks.check_grouped_gemm_silu_mul(name, x, w_gate, w_up, route_weights, cu_seqlens)
+    checks.check_cu_seqlens_values(name, cu_seqlens, x.shape[0])
     shape = (x.shape[0], w_gate.shape[1])
     gate = torch.empty(shape, dtype=x.dtype, device=x.device)
     up = torch.empty(shape, dtype=x.dtype, device=x.device)
@@ -99,23 +99,114 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
 
 
 def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
-    _checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
-    _checks.check_cu_seqlens_values("experts", cu_seqlens, x.shape[0])
+    checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    checks.check_cu_seqlens_values("experts", cu_seqlens, x.shape[0])
     out = torch.empty((x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
     _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     return out
 
 
 def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
-    _checks.check_experts("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
-    _checks.check_out("experts_out", out, (x.shape[0], x.shape[1]), x.dtype, x.device)
-    _checks.check_cu_seqlens_values("experts_out", cu_seqlens, x.shape[0])
+    checks.check_experts_out("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+    checks.check_cu_seqlens_values("experts_out", cu_seqlens, x.shape[0])
     _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
 
 
 def _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
     act = _grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens)
     grouped_gemm_into(act, w_down, cu_seqlens, out)
+
+
+# Backward ops --------------------------------------------------------------------------------
+
+def silu_mul_backward_rows(grad, gate, up, route_weights):
+    """``d gate, d up, d route_weights`` of ``silu(gate) * up * rw`` for live rows, in the
+    inputs' (accumulation) dtype. ``route_weights`` is ``[rows]`` or None."""
+    sig = torch.sigmoid(gate)
+    silu = gate * sig
+    weighted = grad if route_weights is None else grad * route_weights[:, None]
+    d_up = weighted * silu
+    # d silu(g)/dg = sig * (1 + g * (1 - sig))
+    d_gate = weighted * up * sig * (1 + gate * (1 - sig))
+    d_rw = None if route_weights is None else (grad * silu * up).sum(dim=1)
+    return d_gate, d_up, d_rw
+
+
+def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
+    checks.check_grouped_gemm_dgrad("grouped_gemm_dgrad", grad_out, w, cu_seqlens)
+    checks.check_cu_seqlens_values("grouped_gemm_dgrad", cu_seqlens, grad_out.shape[0])
+    out = torch.empty((grad_out.shape[0], w.shape[2]), dtype=grad_out.dtype, device=grad_out.device)
+    # grad_out[seg] @ w[g] is the forward GEMM against w[g]^T: a transposed view, no copy.
+    grouped_gemm_into(grad_out, w.transpose(1, 2), cu_seqlens, out)
+    return out
+
+
+def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
+    checks.check_grouped_gemm_dual_dgrad("grouped_gemm_dual_dgrad", grad_gate, grad_up, w_gate, w_up,
+                                           cu_seqlens)
+    checks.check_cu_seqlens_values("grouped_gemm_dual_dgrad", cu_seqlens, grad_gate.shape[0])
+    acc = checks.accum_dtype(grad_gate.dtype)
+    out = torch.empty((grad_gate.shape[0], w_gate.shape[2]), dtype=grad_gate.dtype, device=grad_gate.device)
+    end = 0
+    for g, start, end in segments(cu_seqlens):
+        res = grad_gate[start:end].to(acc) @ w_gate[g].to(acc)
+        res += grad_up[start:end].to(acc) @ w_up[g].to(acc)
+        out[start:end] = res.to(out.dtype)
+    out[end:].zero_()
+    return out
+
+
+def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
+    checks.check_grouped_gemm_wgrad("grouped_gemm_wgrad", grad_out, a, cu_seqlens)
+    checks.check_cu_seqlens_values("grouped_gemm_wgrad", cu_seqlens, a.shape[0])
+    acc = checks.accum_dtype(a.dtype)
+    # Zeros for the groups no segment visits (empty segments).
+    out = torch.zeros((cu_seqlens.shape[0], grad_out.shape[1], a.shape[1]), dtype=a.dtype, device=a.device)
+    for g, start, end in segments(cu_seqlens):
+        out[g] = (grad_out[start:end].to(acc).t() @ a[start:end].to(acc)).to(out.dtype)
+    return out
+
+
+def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
+    checks.check_silu_mul_weight_backward("silu_mul_weight_backward", grad, gate, up, route_weights,
+                                            cu_seqlens)
+    checks.check_cu_seqlens_values("silu_mul_weight_backward", cu_seqlens, gate.shape[0])
+    acc = checks.accum_dtype(gate.dtype)
+    end = int(cu_seqlens[-1])
+    d_gate = torch.zeros(gate.shape, dtype=gate.dtype, device=gate.device)
+    d_up = torch.zeros(gate.shape, dtype=gate.dtype, device=gate.device)
+    d_rw = torch.zeros(gate.shape[0], dtype=checks.grad_route_weights_dtype(gate.dtype), device=gate.device)
+    rw = None if route_weights is None else route_weights[:end].to(acc)
+    dg, du, dr = silu_mul_backward_rows(grad[:end].to(acc), gate[:end].to(acc), up[:end].to(acc), rw)
+    d_gate[:end] = dg.to(d_gate.dtype)
+    d_up[:end] = du.to(d_up.dtype)
+    if dr is not None:
+        d_rw[:end] = dr.to(d_rw.dtype)
+    return d_gate, d_up, d_rw
+
+
+def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens):
+    """Recomputes gate and up per segment (in the accumulation dtype, as the fused forward
+    does) and applies the activation's backward to them."""
+    checks.check_grouped_gemm_silu_mul_backward("grouped_gemm_silu_mul_backward", grad, x, w_gate, w_up,
+                                                  route_weights, cu_seqlens)
+    checks.check_cu_seqlens_values("grouped_gemm_silu_mul_backward", cu_seqlens, x.shape[0])
+    acc = checks.accum_dtype(x.dtype)
+    shape = (x.shape[0], w_gate.shape[1])
+    d_gate = torch.zeros(shape, dtype=x.dtype, device=x.device)
+    d_up = torch.zeros(shape, dtype=x.dtype, device=x.device)
+    d_rw = torch.zeros(x.shape[0], dtype=checks.grad_route_weights_dtype(x.dtype), device=x.device)
+    for g, start, end in segments(cu_seqlens):
+        rows = x[start:end].to(acc)
+        gate = rows @ w_gate[g].to(acc).t()
+        up = rows @ w_up[g].to(acc).t()
+        rw = None if route_weights is None else route_weights[start:end].to(acc)
+        dg, du, dr = silu_mul_backward_rows(grad[start:end].to(acc), gate, up, rw)
+        d_gate[start:end] = dg.to(d_gate.dtype)
+        d_up[start:end] = du.to(d_up.dtype)
+        if dr is not None:
+            d_rw[start:end] = dr.to(d_rw.dtype)
+    return d_gate, d_up, d_rw
 
 
 lib.impl("grouped_gemm", grouped_gemm, "CPU")
@@ -125,3 +216,8 @@ lib.impl("grouped_gemm_silu_mul", grouped_gemm_silu_mul, "CPU")
 lib.impl("grouped_gemm_silu_mul_with_gate_up", grouped_gemm_silu_mul_with_gate_up, "CPU")
 lib.impl("experts", experts, "CPU")
 lib.impl("experts_out", experts_out, "CPU")
+lib.impl("grouped_gemm_dgrad", grouped_gemm_dgrad, "CPU")
+lib.impl("grouped_gemm_dual_dgrad", grouped_gemm_dual_dgrad, "CPU")
+lib.impl("grouped_gemm_wgrad", grouped_gemm_wgrad, "CPU")
+lib.impl("silu_mul_weight_backward", silu_mul_weight_backward, "CPU")
+lib.impl("grouped_gemm_silu_mul_backward", grouped_gemm_silu_mul_backward, "CPU")

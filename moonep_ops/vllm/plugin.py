@@ -9,16 +9,17 @@ and touches no vLLM function (docs/vllm.md, "How the plugin hooks in").
 """
 
 import logging
-import os
+
+from .. import flags
 
 logger = logging.getLogger(__name__)
 
-DISABLE_ENV = "MOONEP_OPS_DISABLE_VLLM_PLUGIN"
+DISABLE_ENV = flags.DISABLE_VLLM_PLUGIN
 _MODULE = "vllm.model_executor.layers.fused_moe.experts.moonep_experts"
 
 
 def disabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "0").strip().lower() not in ("", "0", "false", "no")
+    return flags.vllm_plugin_disabled()
 
 
 def register() -> None:

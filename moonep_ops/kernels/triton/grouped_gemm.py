@@ -50,7 +50,10 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import fast_launch
+from ... import flags
+from ...cache import signature
+from .. import launch
+from ..pdl import PdlRole
 from .configs import GemmConfig
 
 BLOCK_G = 256  # cu_seqlens entries scanned per step when locating a tile's segment (G > SMALL_G_MAX)
@@ -332,7 +335,7 @@ def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
+def num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
@@ -376,7 +379,7 @@ class _Plan:
     launch_pdl: bool = False  # launched as a programmatic dependent of the previous kernel
 
     def args(self, a, w, u, a2, rw, out, gate_out, up_out, cu) -> list:
-        descs = [None if geo is None else fast_launch.tensor_descriptor(t, *geo)
+        descs = [None if geo is None else launch.tensor_descriptor(t, *geo)
                  for t, geo in zip((a, w, u, a2, out), self.descs)]
         return [a, w, u, a2, rw, out, gate_out, up_out, cu, *descs, *self.ints]
 
@@ -384,28 +387,20 @@ class _Plan:
 _FIRST_DESC = 9  # index of the first descriptor in _Plan.args
 
 
-PDL_ROLES = ("", "primary", "dependent")
-PREFETCH_FIRST_WEIGHT_TILE = True  # the PDL dependent warms L2 with its first weight tile (A/B switch)
-
-
 def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None, saved=None,
-          zero_tail: bool = True, pdl: str = "") -> _Plan:
+          zero_tail: bool = True, role: PdlRole = PdlRole.NONE) -> _Plan:
     """``a2`` given: the dual GEMM ``out = a @ w[g].T + a2 @ w_up[g].T`` (``a2`` with ``a``'s
     shape and strides); else ``w_up`` given: the fused SwiGLU GEMM, which with ``saved =
     (gate_out, up_out)`` (``out``'s shape, dtype and strides) also writes gate and up.
 
-    ``pdl`` (Hopper TMA path only, else ignored; the caller guarantees the order): ``"primary"``
-    lets the next kernel launch early; ``"dependent"`` is that next kernel: launched early, it
-    scans its schedule and prefetches its first weight tile into L2, then waits for the primary
-    before touching ``a`` or ``out``. Only for a pair of launches back to back on one stream where
-    the dependent's ``cu_seqlens`` and weights are not written by the primary (the ``experts`` op)."""
-    if pdl not in PDL_ROLES:
-        raise ValueError(f"pdl must be one of {PDL_ROLES}, got {pdl!r}")
+    ``role`` (Hopper TMA path only, else ignored; :mod:`..pdl`): a dependent, launched early, scans
+    its schedule and prefetches its first weight tile into L2, then waits for the primary before
+    touching ``a`` or ``out``."""
     if not use_tma:
         # The schedule knobs are measured (and meant) for the Hopper TMA path only, and PDL is a
         # Hopper feature: elsewhere the pair runs plainly one after the other.
         cfg = dataclasses.replace(cfg, flatten=False, warp_specialize=False, tma_store=0)
-        pdl = ""
+        role = PdlRole.NONE
     if cfg.flatten and cfg.tma_store:
         # Triton 3.6 fails to compile a flattened loop around the full/partial store branch.
         raise ValueError("GemmConfig: flatten and tma_store cannot be combined")
@@ -413,7 +408,7 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     g, n, _ = w.shape
     items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if a.device.type == "cuda":
-        programs = _num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
+        programs = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
         programs *= cfg.programs_per_sm
     else:
         programs = 4  # interpreter: a few programs, so the persistent loop is exercised
@@ -443,7 +438,7 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
         descs = descs[:4] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // tma_store]),)
     small_g = g <= SMALL_G_MAX
     prefetch = 0
-    if pdl == "dependent" and small_g and not w_kn and PREFETCH_FIRST_WEIGHT_TILE:
+    if role is PdlRole.DEPENDENT and small_g and not w_kn:
         # What the pipeline's first stages read of each weight row (16-byte multiples: TMA).
         prefetch = min(k, cfg.block_k * cfg.num_stages) * w.element_size()
     return _Plan(
@@ -458,8 +453,9 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
                         FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual,
                         SAVE=saved is not None, ZERO_TAIL=zero_tail,
                         GROUP_MAJOR=cfg.group_major and small_g,
-                        LAUNCH_DEPENDENTS=pdl == "primary", WAIT_PRIOR=pdl == "dependent", PREFETCH_BYTES=prefetch),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs, launch_pdl=pdl == "dependent",
+                        LAUNCH_DEPENDENTS=role is PdlRole.PRIMARY, WAIT_PRIOR=role is PdlRole.DEPENDENT,
+                        PREFETCH_BYTES=prefetch),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs, launch_pdl=role is PdlRole.DEPENDENT,
     )
 
 
@@ -480,49 +476,46 @@ def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out, a2=None, sa
 
 def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
                     out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False, a2=None, saved=None,
-                    zero_tail: bool = True, pdl: str = "") -> None:
+                    zero_tail: bool = True, role: PdlRole = PdlRole.NONE) -> None:
     """Launch with an explicit config (interpreter tests, tuning sweeps)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
-    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2, saved, zero_tail, pdl), a, w, w_up,
+    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2, saved, zero_tail, role), a, w, w_up,
             route_weights, cu_seqlens, out, a2, saved)
 
 
 _PLANS: dict = {}
 
 
-def run_moe_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, mode, a2=None, saved=None,
-                 zero_tail: bool = True, pdl: str = "") -> None:
+def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, a2=None, saved=None, zero_tail: bool = True,
+        role: PdlRole = PdlRole.NONE) -> None:
     """The CUDA ops' entry. ``choose(a, w, w_up, a2) -> (GemmConfig, use_tma)`` (a module-level
-    function) runs once per static signature and ``mode`` (any hashable, e.g. the portable
-    switch); later calls reuse the plan and the compiled kernel (see :mod:`.fast_launch`)."""
+    function) runs once per static signature and ``MOONEP_OPS_PORTABLE``; later calls reuse the
+    plan and the compiled kernel (:mod:`..launch`)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
     u = w if w_up is None else w_up
     rw = a if route_weights is None else route_weights
     a2_arg = a if a2 is None else a2  # the kernel's a2 argument (unused unless dual)
     gate_out, up_out = (out, out) if saved is None else saved  # unused unless saving
-    key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), a2_arg.stride(), out.stride(), a.dtype,
-           a.device, w_up is None, a2 is None, route_weights is None, saved is None, a.data_ptr() % 16,
-           w.data_ptr() % 16, u.data_ptr() % 16, a2_arg.data_ptr() % 16, rw.data_ptr() % 16, out.data_ptr() % 16,
-           gate_out.data_ptr() % 16, up_out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, mode, zero_tail,
-           pdl)
+    key = (signature(a, w, u, a2_arg, rw, out, gate_out, up_out, cu_seqlens), w_up is None, a2 is None,
+           route_weights is None, saved is None, choose, flags.portable_only(), zero_tail, role)
     entry = _PLANS.get(key)
     if entry is None:
-        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2, saved, zero_tail, pdl)
+        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2, saved, zero_tail, role)
         kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a2, saved)
-        if fast_launch.ENABLED and hasattr(kernel, "run"):
+        if launch.ENABLED and hasattr(kernel, "run"):
             _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
         return
     plan, kernel, constexpr_values = entry
     args = plan.args(a, w, u, a2_arg, rw, out, gate_out, up_out, cu_seqlens)
-    fast_launch.launch_compiled(kernel, plan.grid, args + constexpr_values)
+    launch.launch_compiled(kernel, plan.grid, args + constexpr_values)
 
 
 def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False, zero_tail=True,
-                        pdl: str = "") -> None:
+                        role: PdlRole = PdlRole.NONE) -> None:
     """``out[seg_g] = a[seg_g] @ w[g].T`` (any strides on the portable path)."""
-    launch_moe_gemm(a, w, None, None, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, pdl=pdl)
+    launch_moe_gemm(a, w, None, None, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, role=role)
 
 
 def launch_grouped_gemm_dual(a, w, a2, w2, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
@@ -532,10 +525,10 @@ def launch_grouped_gemm_dual(a, w, a2, w2, cu_seqlens, out, cfg: GemmConfig, use
 
 
 def launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg: GemmConfig,
-                                 use_tma: bool = False, zero_tail: bool = True, pdl: str = "") -> None:
+                                 use_tma: bool = False, zero_tail: bool = True, role: PdlRole = PdlRole.NONE) -> None:
     """``out[seg_g] = silu(x @ w_gate[g].T) * (x @ w_up[g].T) * route_weights`` in one pass
     (``zero_tail=False``: rows past ``cu_seqlens[-1]`` are left unwritten)."""
-    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, pdl=pdl)
+    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, role=role)
 
 
 def launch_grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens, act, gate, up,

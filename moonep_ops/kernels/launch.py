@@ -1,16 +1,17 @@
-"""Lower eager host cost for our Triton launches (vLLM runs MoonEP eagerly today).
+"""Direct launches of compiled Triton and Gluon kernels.
 
-``JITFunction.run`` re-derives a kernel's specialization from every argument on every call,
-and ``TensorDescriptor`` re-validates its geometry. The launchers here memoize a *plan* per
-static signature (shapes, strides, dtypes, device, 16-byte alignment of every pointer: a
-finer key than Triton's own specialization, so the cached compiled kernel is always the one
-Triton would pick) and then call the compiled kernel's launcher directly, as
-``JITFunction.run`` does at its end. A Triton without that launcher API takes the normal path.
-``MOONEP_OPS_FAST_LAUNCH=0`` disables the shortcut (for A/B timing).
+Eager host cost matters (vLLM runs MoonEP eagerly): ``JITFunction.run`` re-derives a kernel's
+specialization from every argument on every call, and ``TensorDescriptor`` re-validates its
+geometry. The launchers memoize a *plan* per static signature (:mod:`moonep_ops.cache`: a finer
+key than Triton's own specialization, so the cached compiled kernel is always the one Triton
+would pick) and then call the compiled kernel's launcher directly, as ``JITFunction.run`` does
+at its end. A Triton without that launcher API takes the normal path;
+``MOONEP_OPS_FAST_LAUNCH=0`` (read at import) does the same on purpose.
 """
 
 import dataclasses
-import os
+
+from .. import flags
 
 try:
     from triton import knobs as _knobs
@@ -19,7 +20,8 @@ try:
 except ImportError:  # pragma: no cover - Triton too old for this shortcut
     _knobs = _driver = TensorDescriptor = None
 
-ENABLED = _knobs is not None and os.environ.get("MOONEP_OPS_FAST_LAUNCH", "1") != "0"
+ENABLED = _knobs is not None and flags.fast_launch()
+
 
 if TensorDescriptor is not None:
     _DESC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TensorDescriptor)

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .configs import GemmConfig
-from .triton_grouped_gemm import BLOCK_G, locate_tile, num_row_tiles, zero_tail_tile
+from .grouped_gemm import BLOCK_G, locate_tile, num_row_tiles, zero_tail_tile
 
 
 @triton.jit

@@ -57,16 +57,12 @@ kernel (rows masked to ``[0, min(end, NvS))``), so invalid ``cu_seqlens`` give u
 never an out-of-bounds access. Nothing syncs the host.
 """
 
-import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from . import fast_launch, triton_grouped_gemm
-from .configs import GluonConfig
 
 
 @gluon.jit
@@ -659,7 +655,7 @@ def _consumer(a_bufs, w_bufs, u_bufs, wide_bufs, o_bufs, ready, empty, turn, ite
 
 
 @gluon.jit
-def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, ah_desc, out_ptr, rw_ptr, cu_ptr, sched_ptr, G,
+def grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, ah_desc, out_ptr, rw_ptr, cu_ptr, sched_ptr, G,
                             NUM_ROWS, N, K, stride_om, Z_N, FLAG_TARGET, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             BLOCK_K: gl.constexpr,
                             STAGES: gl.constexpr, BLOCK_G: gl.constexpr, GROUP_MAJOR: gl.constexpr,
@@ -756,199 +752,3 @@ def _ws_grouped_gemm_kernel(a_desc, w_desc, u_desc, o_desc, z_desc, ah_desc, out
                          z_tiles, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_MAJOR, FUSED, PRODUCER_TAIL, WAIT_PRIOR,
                          STACK, HANDOFF, CONSUMERS, MAX_POLLS, HALF_LOADS, SKIP_BY_WEIGHT)),
         ], [1], [PRODUCER_REGS])
-
-
-# Rows per TMA store of the producer's zero buffer (TAIL_BY_PRODUCER): small, because the ring
-# already takes nearly all of the shared memory (8 x 128 bf16 is 2 KiB).
-ZERO_ROWS = 8
-
-
-def descriptors(a, w, u, out, cfg: GluonConfig, tail_out=None, fused: bool = False):
-    """Gluon TMA descriptors for ``cfg``'s blocks (``fused``: the SwiGLU GEMM, ``u`` its up weights):
-    ``a [NvS, K]``, ``w`` (and ``u``) as one ``[G*N, K]``
-    matrix, ``out [NvS, N]`` by output tile (``cfg.epilogue_n`` columns of it: half a tile for a
-    split epilogue), ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue`` chunk (the
-    producer's tail zeroing), and ``a`` by half a row tile where the config loads idle upper
-    halves' lower halves alone (:func:`half_loads`; else None)."""
-    z = out if tail_out is None else tail_out
-    g, n, k = w.shape
-    block_m, block_n, block_k = cfg.block_m, cfg.block_n, cfg.block_k
-    epi_n = cfg.epilogue_n or block_n
-    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
-    a_l = gl.NVMMASharedLayout.get_default_for([block_m, block_k], dt)
-    w_l = gl.NVMMASharedLayout.get_default_for([block_n, block_k], dt)
-    o_l = gl.NVMMASharedLayout.get_default_for([block_m, epi_n], dt)
-    # the zero buffer's box: ZERO_ROWS x epilogue, or 2 KiB of zero_cols-wide rows
-    z_box = [ZERO_ROWS, epi_n] if not cfg.zero_cols else [1024 // cfg.zero_cols, cfg.zero_cols]
-    z_l = gl.NVMMASharedLayout.get_default_for(z_box, dt)
-    return (TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, block_k], a_l),
-            TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [block_n, block_k], w_l),
-            TensorDescriptor(u, [g * n, k], [u.stride(1), 1], [block_n, block_k], w_l),
-            TensorDescriptor(out, list(out.shape), list(out.stride()), [block_m, epi_n], o_l),
-            TensorDescriptor(z, list(z.shape), list(z.stride()), z_box, z_l),
-            TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m // 2, block_k], a_l)
-            if half_loads(cfg, fused) else None)
-
-
-def half_loads(cfg: GluonConfig, fused: bool) -> bool:
-    """Whether the kernel's producer loads only the lower half of ``a`` for a tile whose upper half
-    is idle: with ``skip_idle_half`` (the consumers' lower-half MMAs), where the config asks for it
-    (``half_loads``), except in stacked fused tiles, which never skip."""
-    return cfg.skip_idle_half and cfg.half_loads and not (fused and cfg.stacked)
-
-
-def _weights_ptr(a, route_weights, idle_weights):
-    """The kernel's ``rw_ptr``: the route weights, else the idle-row weights, else ``a`` (unused)."""
-    return route_weights if route_weights is not None else a if idle_weights is None else idle_weights
-
-
-def _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, zero_tail: bool, descs,
-                 pdl: str = "", idle_weights=None, tail_out=None, sched=None, flag_target: int = 0) -> dict:
-    """Every kernel argument by name (unused pointers point at ``a``). ``pdl``: "primary" (the next
-    kernel may launch early), "dependent" (launched early behind the kernel that writes ``a``; the
-    launch itself needs ``launch_pdl=True``) or "". ``idle_weights`` (plain GEMM): ``[NvS]`` fp32
-    whose zeros mark rows of ``a`` that are zero (the ``experts`` op's ``act`` where the route
-    weight is 0), so that a tile's upper half of such rows is skipped like its route-weight-0 rows
-    in the fused GEMM. ``tail_out``: ``[NvS, *]``, another tensor whose tail rows the producer warp
-    zeroes, instead of this kernel's own ``out``'s (the experts op's fused GEMM zeroing the down
-    GEMM's output tail while it computes). ``sched``: the row-tile handoff of the experts op's pair
-    (:func:`handoff_buffer`): the "primary" signals each row tile of its output there, the
-    "dependent" takes its items from its counter and waits per row tile until the flag reaches
-    ``flag_target``."""
-    g, n, k = w.shape
-    if sched is not None and pdl not in ("primary", "dependent"):
-        raise ValueError("the row-tile handoff (sched) is between a PDL primary and its dependent")
-    if tail_out is not None and zero_tail:
-        raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
-    return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], z_desc=descs[4],
-                ah_desc=descs[5], out_ptr=out,
-                rw_ptr=_weights_ptr(a, route_weights, idle_weights), cu_ptr=cu_seqlens,
-                sched_ptr=cu_seqlens if sched is None else sched, G=g,
-                NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
-                Z_N=n if tail_out is None else tail_out.shape[1], FLAG_TARGET=flag_target,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
-                BLOCK_G=max(16, min(1024, triton.next_power_of_2(g))), GROUP_MAJOR=cfg.group_major,
-                ZERO_TAIL=zero_tail or tail_out is not None, FUSED=w_up is not None,
-                HAS_WEIGHTS=route_weights is not None,
-                PINGPONG=cfg.pingpong,
-                PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
-                TAIL_BY_PRODUCER=cfg.tail_by_producer or tail_out is not None, LAUNCH_DEPENDENTS=pdl == "primary",
-                WAIT_PRIOR=pdl == "dependent", STACKED=cfg.stacked, SKIP_IDLE_HALF=cfg.skip_idle_half,
-                SKIP_BY_WEIGHT=route_weights is not None or idle_weights is not None,
-                SIGNAL_ROWS=sched is not None and pdl == "primary", HANDOFF=sched is not None and pdl == "dependent",
-                MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, num_warps=4 if cfg.pingpong else 8)
-
-
-# Polls of a row tile's flag (about 0.1-0.3 us apart) before the dependent falls back to the
-# grid-wide wait: far longer than a legitimate wait (one or two of the primary's items), short
-# enough that a flag that never fills costs a few milliseconds once, never a hang.
-MAX_POLLS = 16384
-
-
-def flag_target(cfg: GluonConfig, n: int) -> int:
-    """A row tile's flag once the primary (config ``cfg``, ``n`` output columns) stored all of it:
-    each of its column tiles adds one per consumer thread."""
-    return triton.cdiv(n, cfg.block_n) * 32 * (4 if cfg.pingpong else 8)
-
-
-def handoff_buffer(num_rows: int, num_groups: int, block_m: int, device) -> torch.Tensor:
-    """The row-tile handoff's state, zeroed (one per pair launch): the dependent's item counter, then
-    one flag per row tile (a static bound on their number)."""
-    return torch.zeros(1 + triton_grouped_gemm.num_row_tiles(num_rows, num_groups, block_m), dtype=torch.int32,
-                       device=device)
-
-
-def _fast_descriptor(base, shape, strides, block_shape, layout):
-    """A Gluon TensorDescriptor without ``__post_init__``'s checks (the plan's first launch ran them)."""
-    desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block_shape, layout=layout,
-                         padding="zero")
-    return desc
-
-
-_PLANS: dict = {}
-
-
-# run_gluon_gemm's result when it also zeroed ``tail_out``'s tail (truthy, like True: the kernel ran).
-TOOK_TAIL = 2
-
-
-def run_gluon_gemm(a, w, w_up, route_weights, cu_seqlens, out, choose, zero_tail: bool = True,
-                   pdl: str = "", idle_weights=None, tail_out=None, sched=None, flag_target: int = 0):
-    """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
-    SwiGLU GEMM. ``choose(a, w, w_up, out) -> GluonConfig | None`` (None: these operands are not
-    for this kernel, e.g. TMA cannot address them) runs once per static signature; returns
-    whether the kernel ran (or had nothing to do): False, True, or :data:`TOOK_TAIL` when it also
-    zeroed ``tail_out``'s tail rows, which a fused config with ``takes_out_tail`` does (the others
-    leave ``tail_out`` alone). The first call per signature compiles and launches through Triton's
-    JIT and keeps the compiled kernel; later calls launch it directly (:mod:`.fast_launch`), with
-    descriptors rebuilt from the cached geometry. ``pdl``: see :func:`_kernel_args` (a "dependent"
-    launch must directly follow the kernel that writes ``a``; ``idle_weights`` there too); ``sched``
-    and ``flag_target``: the row-tile handoff of a pair (:func:`_kernel_args`, :func:`run_gluon_pair`)."""
-    if w.shape[1] == 0:
-        return True
-    if a.shape[0] == 0:
-        return True if tail_out is None else TOOK_TAIL  # no rows: no tail either
-    u = w if w_up is None else w_up
-    rw = _weights_ptr(a, route_weights, idle_weights)
-    key = (a.shape, a.stride(), w.shape, w.stride(), u.stride(), out.stride(), a.dtype, a.device, w_up is None,
-           route_weights is None, idle_weights is None, a.data_ptr() % 16, w.data_ptr() % 16, u.data_ptr() % 16,
-           rw.data_ptr() % 16, out.data_ptr() % 16, cu_seqlens.data_ptr() % 16, choose, zero_tail, pdl,
-           None if tail_out is None else (tail_out.shape, tail_out.stride(), tail_out.data_ptr() % 16),
-           None if sched is None else sched.data_ptr() % 16, flag_target)
-    entry = _PLANS.get(key)
-    if entry is False:
-        return False
-    if entry is None:
-        if pdl not in triton_grouped_gemm.PDL_ROLES:
-            raise ValueError(f"pdl must be one of {triton_grouped_gemm.PDL_ROLES}, got {pdl!r}")
-        cfg = choose(a, w, w_up, out)
-        if cfg is None:
-            _PLANS[key] = False
-            return False
-        tail = tail_out if cfg.takes_out_tail and w_up is not None else None
-        descs = descriptors(a, w, u, out, cfg, tail, fused=w_up is not None)
-        kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, descs, pdl, idle_weights,
-                              tail, sched, flag_target)
-        items = triton_grouped_gemm.num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1],
-                                                                                                   cfg.block_n)
-        grid = (max(1, min(_num_programs(a.device), items)), )
-        # (The compiled kernel's metadata keeps launch_pdl: the direct launches below use it too.)
-        kernel = _ws_grouped_gemm_kernel[grid](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))
-        if fast_launch.ENABLED and hasattr(kernel, "run"):
-            geos = [None if d is None else (list(d.shape), list(d.strides), list(d.block_shape), d.layout)
-                    for d in descs]
-            names = _ws_grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
-            _PLANS[key] = (kernel, grid, geos, [kwargs[name] for name in names[names.index("BLOCK_M"):]],
-                           tail is not None)
-        return True if tail is None else TOOK_TAIL
-    kernel, grid, geos, constexprs, took_tail = entry
-    z = tail_out if took_tail else out
-    descs = [None if geo is None else _fast_descriptor(t, *geo) for t, geo in zip((a, w, u, out, z, a), geos)]
-    fast_launch.launch_compiled(kernel, grid, [*descs, out, rw, cu_seqlens, cu_seqlens if sched is None else sched,
-                                               *_runtime_ints(a, w, out, z), flag_target, *constexprs])
-    return TOOK_TAIL if took_tail else True
-
-
-def _runtime_ints(a, w, out, z):
-    g, n, k = w.shape
-    return g, a.shape[0], n, k, out.stride(0), z.shape[1]
-
-
-def _num_programs(device: torch.device) -> int:
-    """About one program per SM (4 for CPU tensors: the ahead-of-time compile check)."""
-    if device.type != "cuda":
-        return 4
-    return triton_grouped_gemm._num_sms(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def launch(a, w, cu_seqlens, out, num_programs: int, w_up=None, route_weights=None, zero_tail=True, pdl="",
-           idle_weights=None, tail_out=None, sched=None, flag_target=0, **cfg):
-    """Launch with an explicit config (probes, tests): ``cfg`` are :class:`GluonConfig` fields
-    (``takes_out_tail`` is the caller's business here: ``tail_out`` is used when given)."""
-    config = GluonConfig(**cfg)
-    u = w if w_up is None else w_up
-    descs = descriptors(a, w, u, out, config, tail_out, fused=w_up is not None)
-    kwargs = _kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, zero_tail, descs, pdl, idle_weights,
-                          tail_out, sched, flag_target)
-    return _ws_grouped_gemm_kernel[(num_programs, )](**kwargs, **({"launch_pdl": True} if pdl == "dependent" else {}))

@@ -18,7 +18,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .configs import GemmConfig
-from .triton_grouped_gemm import tma_addressable
+from .grouped_gemm import tma_addressable
 
 
 @triton.jit

@@ -1,0 +1,61 @@
+"""The ``experts`` op on CUDA: the fused gate/up GEMM into a scratch ``act``, then the down GEMM.
+
+``act``'s tail rows are never written: the down GEMM never reads rows past ``cu_seqlens[-1]``.
+On sm90 the down GEMM (Gluon or Triton) is a programmatic dependent launch of the fused one
+(:mod:`..pdl`): its programs start as the fused kernel's finish, issue their first weight loads
+and wait for ``act``. Where both GEMMs run on Gluon and the fused config asks for it, the row-tile
+handoff lets the down GEMM's programs start on finished row tiles of ``act`` instead of waiting for
+the whole fused grid.
+"""
+
+import torch
+
+from ... import flags
+from ...cache import signature
+from ..pdl import PdlRole
+from .paths import (capability_of, choose_gluon_fused, choose_gluon_unfused, contiguous, gluon_host, gluon_wanted,
+                    run_fused, run_unfused)
+
+
+def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
+    cu = contiguous(cu_seqlens)
+    rw = contiguous(route_weights)
+    act = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
+    # PDL only when the fused kernel does launch (I > 0), so that it is the kernel right before
+    # the down GEMM (NvS = 0 launches neither).
+    pdl = flags.pdl() and w_gate.shape[1] > 0
+    handoff = _handoff(x, w_gate, w_up, w_down, act, out) if pdl else None
+    zeroed_out_tail = run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False,
+                                role=PdlRole.PRIMARY if pdl else PdlRole.NONE, tail_out=out, handoff=handoff)
+    # act's rows with route weight 0 are zero (silu(gate) * up * 0), so their output rows are too:
+    # the down GEMM may skip them like the fused one did (the Gluon kernel's idle upper halves).
+    run_unfused(act, w_down, cu, out, role=PdlRole.DEPENDENT if pdl else PdlRole.NONE, idle_weights=rw,
+                zero_tail=not zeroed_out_tail, handoff=handoff)
+
+
+_FLAG_TARGETS: dict = {}
+
+
+def _handoff(x, w_gate, w_up, w_down, act, out):
+    """The handoff state for this call (a fresh zeroed buffer), or None where the pair takes none."""
+    target = _flag_target(x, w_gate, w_up, w_down, act, out)
+    if not target:
+        return None
+    host = gluon_host()
+    return host.Handoff(host.handoff_state(x.shape[0], w_gate.shape[0], 128, x.device), target)
+
+
+def _flag_target(x, w_gate, w_up, w_down, act, out) -> int:
+    """The handoff's flag target for these operands (0: no handoff): only where both GEMMs run on
+    Gluon, in 128-row tiles, and the fused config asks for it. Memoized per static signature."""
+    key = (signature(x, w_gate, w_up, w_down, out), flags.gluon(), flags.portable_only())
+    target = _FLAG_TARGETS.get(key)
+    if target is None:
+        target = 0
+        if gluon_wanted(capability_of(x), x.dtype):
+            fused = choose_gluon_fused(x, w_gate, w_up, act)
+            down = choose_gluon_unfused(act, w_down, None, out)
+            if fused is not None and down is not None and fused.handoff and fused.block_m == down.block_m == 128:
+                target = gluon_host().flag_target(fused, w_gate.shape[1])
+        _FLAG_TARGETS[key] = target
+    return target

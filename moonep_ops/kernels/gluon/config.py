@@ -1,0 +1,80 @@
+"""Configs of the warp-specialized Gluon kernel (sm90, bf16/fp16) and the table that picks them.
+
+A config is a pure function of static metadata (no autotuning: it cannot run inside CUDA-graph
+capture). ``tests/test_configs.py`` pins the picks; docs/performance.md gives each rule's
+measurements.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class GluonConfig:
+    block_n: int = 128
+    stages: int = 5  # shared-memory ring depth
+    pingpong: bool = True  # two consumer warpgroups on alternate tiles (else both on each tile)
+    group_major: bool = True  # items segment by segment: the row tiles sharing a weight tile run together
+    block_m: int = 128
+    block_k: int = 64
+    producer_regs: int = 40
+    consumer_regs: int = 232
+    tail_by_producer: bool = True  # the producer warp zeroes the tail, spread over its loads
+    # a segment's last row tile whose upper 64 rows are idle (past the end, or route weight 0:
+    # MoonEP's padding) runs its MMAs on the lower half only and stores zeros above
+    skip_idle_half: bool = False
+    # with skip_idle_half: such a tile's producer loads only the lower half of its `a` rows
+    half_loads: bool = True
+    # fused GEMM of the experts op: its producer also zeroes the down GEMM's output tail
+    takes_out_tail: bool = False
+    # columns per epilogue store (0: the whole tile; block_n / 2: a split epilogue, whose
+    # half-size buffer leaves shared memory for another stage of the ring)
+    epilogue_n: int = 0
+    # fused GEMM of the experts op: hand act to the down GEMM row tile by row tile
+    handoff: bool = False
+
+    def __post_init__(self):
+        if self.epilogue_n not in (0, self.block_n, self.block_n // 2):
+            raise ValueError(f"GluonConfig: epilogue_n must be 0 or block_n = {self.block_n} (the whole tile) or "
+                             f"block_n // 2 = {self.block_n // 2}, got {self.epilogue_n}")
+
+    @property
+    def consumers(self) -> int:
+        return 2 if self.pingpong else 1
+
+    @property
+    def num_warps(self) -> int:
+        """Warps of the default (consumer) partition: one warpgroup per consumer in ping-pong,
+        two warpgroups sharing each tile otherwise."""
+        return 4 if self.pingpong else 8
+
+
+def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig:
+    """The config for ``[num_rows, n]`` outputs with reduction ``k`` (``fused``: the gate/up GEMM)."""
+    # The producer zeroes the tail between its loads where the reduction is long; with a short
+    # one its small stores cost more than the consumers' zeros after their items.
+    tail_by_producer = k >= 2048
+    if fused:
+        if k >= 4096 and num_rows >= 8192:
+            # Long compute-bound fused tiles: cooperative. The handoff and the idle-half skip gain
+            # only on decode-sized kimi-k2 buffers, whose segments are one row tile each.
+            return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768,
+                               tail_by_producer=tail_by_producer, handoff=num_rows < 16384,
+                               skip_idle_half=12288 <= num_rows < 16384)
+        if num_rows >= 40960:
+            # Large capacities with H < 4096: cooperative 128x(128+128) tiles; the output tail is
+            # zeroed here, where the fused GEMM leaves DRAM write bandwidth.
+            return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer,
+                               skip_idle_half=True, takes_out_tail=True)
+        # two accumulators of 64 columns per warpgroup
+        return GluonConfig(block_n=64, stages=6, tail_by_producer=tail_by_producer)
+    if 2048 <= k < 4096 and n >= 4096:
+        # kimi-k2's down GEMM: 128x256 tiles read fewer L2 bytes per FLOP (energy under the power
+        # cap). 48 KiB per stage and a 64 KiB output buffer: three stages fit; four with a split
+        # epilogue (a 32 KiB buffer), which gains where 16384 <= NvS < 32768.
+        split = 16384 <= num_rows < 32768
+        return GluonConfig(block_n=256, stages=4 if split else 3, pingpong=False, tail_by_producer=tail_by_producer,
+                           skip_idle_half=num_rows < 32768, epilogue_n=128 if split else 0)
+    if k >= 8192 or (num_rows >= 32768 and k >= 2048):
+        return GluonConfig(block_n=128, stages=5, tail_by_producer=tail_by_producer)
+    return GluonConfig(block_n=128, stages=6, pingpong=False, tail_by_producer=tail_by_producer,
+                       skip_idle_half=num_rows >= 40960)

@@ -1,0 +1,224 @@
+"""Host side of the Gluon kernel: TMA descriptors, the kernel's arguments, launch plans.
+
+:func:`run` is the CUDA ops' entry (a plan per static signature, then direct launches of the
+compiled kernel); :func:`launch` takes an explicit config (tests, the AOT compile check).
+"""
+
+import dataclasses
+import enum
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ...cache import signature
+from .. import launch as direct
+from ..pdl import PdlRole
+from ..triton.grouped_gemm import num_row_tiles, num_sms
+from .config import GluonConfig
+from .kernel import grouped_gemm_kernel
+
+# Rows per TMA store of the producer's zero buffer (the tail's zeros): small, because the ring
+# already takes nearly all of the shared memory (8 x 128 bf16 is 2 KiB).
+ZERO_ROWS = 8
+
+# Polls of a row tile's flag (about 0.1-0.3 us apart) before the dependent falls back to the
+# grid-wide wait: far longer than a legitimate wait (one or two of the primary's items), short
+# enough that a flag that never fills costs a few milliseconds once, never a hang.
+MAX_POLLS = 16384
+
+
+class GluonResult(enum.Enum):
+    NOT_APPLICABLE = 0  # these operands are not for this kernel (e.g. TMA cannot address them)
+    RAN = 1
+    RAN_AND_ZEROED_TAIL_OUT = 2  # also zeroed ``tail_out``'s tail rows (a ``takes_out_tail`` config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Handoff:
+    """The row-tile handoff of the experts op's pair: ``state`` (:func:`handoff_state`) holds the
+    dependent's item counter, then one flag per row tile of ``act``; the primary adds to a row
+    tile's flag as it stores it, the dependent waits until it reaches ``flag_target``."""
+    state: torch.Tensor
+    flag_target: int = 0
+
+
+def flag_target(cfg: GluonConfig, n: int) -> int:
+    """A row tile's flag once the primary (config ``cfg``, ``n`` output columns) stored all of it:
+    each of its column tiles adds one per consumer thread."""
+    return triton.cdiv(n, cfg.block_n) * 32 * cfg.num_warps
+
+
+def handoff_state(num_rows: int, num_groups: int, block_m: int, device) -> torch.Tensor:
+    """The handoff's state, zeroed (one per pair launch): the item counter, then one flag per row
+    tile (a static bound on their number)."""
+    return torch.zeros(1 + num_row_tiles(num_rows, num_groups, block_m), dtype=torch.int32, device=device)
+
+
+def half_loads(cfg: GluonConfig) -> bool:
+    """Whether the producer loads only the lower half of ``a`` for a tile whose upper half is idle."""
+    return cfg.skip_idle_half and cfg.half_loads
+
+
+def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
+    """TMA descriptors for ``cfg``'s blocks: ``a [NvS, K]``; ``w`` and ``w_up`` each as one
+    ``[G*N, K]`` matrix; ``out [NvS, N]`` by output tile (half its columns for a split epilogue);
+    ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue`` chunk for the tail's zeros; and
+    ``a`` by half a row tile where the config loads idle tiles' lower halves alone (else None)."""
+    zeroed = out if tail_out is None else tail_out
+    g, n, k = w.shape
+    epi_n = cfg.epilogue_n or cfg.block_n
+    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
+    a_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], dt)
+    w_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], dt)
+    o_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, epi_n], dt)
+    z_layout = gl.NVMMASharedLayout.get_default_for([ZERO_ROWS, epi_n], dt)
+    return (TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k], a_layout),
+            TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k], w_layout),
+            TensorDescriptor(w_up, [g * n, k], [w_up.stride(1), 1], [cfg.block_n, cfg.block_k], w_layout),
+            TensorDescriptor(out, list(out.shape), list(out.stride()), [cfg.block_m, epi_n], o_layout),
+            TensorDescriptor(zeroed, list(zeroed.shape), list(zeroed.stride()), [ZERO_ROWS, epi_n], z_layout),
+            TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m // 2, cfg.block_k], a_layout)
+            if half_loads(cfg) else None)
+
+
+def _weights_ptr(a, route_weights, idle_weights):
+    """The kernel's ``rw_ptr``: the route weights, else the idle-row weights, else ``a`` (unused)."""
+    return route_weights if route_weights is not None else a if idle_weights is None else idle_weights
+
+
+def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, descs, *, zero_tail: bool = True,
+                role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None) -> dict:
+    """Every kernel argument by name (unused pointers point at ``a``).
+
+    ``w_up``: the fused SwiGLU GEMM's up weights (None: a plain GEMM). ``idle_weights`` (plain
+    GEMM): ``[NvS]`` fp32 whose zeros mark rows of ``a`` that are zero (the experts op's ``act``
+    where the route weight is 0), so that idle upper halves are skipped as in the fused GEMM.
+    ``tail_out``: another ``[NvS, *]`` tensor whose tail rows the producer zeroes instead of
+    ``out``'s (the experts op's fused GEMM zeroing the down GEMM's output). ``handoff``: between a
+    PDL primary, which signals each row tile of its output, and its dependent, which takes items
+    from the counter and waits per row tile."""
+    g, n, k = w.shape
+    if handoff is not None and role is PdlRole.NONE:
+        raise ValueError("the row-tile handoff is between a PDL primary and its dependent")
+    if tail_out is not None and zero_tail:
+        raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
+    sched = cu_seqlens if handoff is None else handoff.state
+    return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], z_desc=descs[4],
+                ah_desc=descs[5], out_ptr=out, rw_ptr=_weights_ptr(a, route_weights, idle_weights),
+                cu_ptr=cu_seqlens, sched_ptr=sched, G=g, NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
+                Z_N=n if tail_out is None else tail_out.shape[1],
+                FLAG_TARGET=0 if handoff is None else handoff.flag_target,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
+                BLOCK_G=max(16, min(1024, triton.next_power_of_2(g))), GROUP_MAJOR=cfg.group_major,
+                ZERO_TAIL=zero_tail or tail_out is not None, FUSED=w_up is not None,
+                HAS_WEIGHTS=route_weights is not None, PINGPONG=cfg.pingpong,
+                PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
+                TAIL_BY_PRODUCER=cfg.tail_by_producer or tail_out is not None,
+                LAUNCH_DEPENDENTS=role is PdlRole.PRIMARY, WAIT_PRIOR=role is PdlRole.DEPENDENT,
+                STACKED=False, SKIP_IDLE_HALF=cfg.skip_idle_half,
+                SKIP_BY_WEIGHT=route_weights is not None or idle_weights is not None,
+                SIGNAL_ROWS=handoff is not None and role is PdlRole.PRIMARY,
+                HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
+                MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, num_warps=cfg.num_warps)
+
+
+def _compile_and_launch(grid, kwargs, role: PdlRole):
+    # (The compiled kernel's metadata keeps launch_pdl: the direct launches use it too.)
+    options = {"launch_pdl": True} if role is PdlRole.DEPENDENT else {}
+    return grouped_gemm_kernel[grid](**kwargs, **options)
+
+
+def launch(a, w, cu_seqlens, out, num_programs: int, *, w_up=None, route_weights=None, zero_tail=True,
+           role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None, **cfg):
+    """Launch with an explicit config (tests, the AOT compile check): ``cfg`` are
+    :class:`GluonConfig` fields (``tail_out`` is used whenever given)."""
+    config = GluonConfig(**cfg)
+    descs = descriptors(a, w, w if w_up is None else w_up, out, config, tail_out)
+    kwargs = kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, descs, zero_tail=zero_tail, role=role,
+                         idle_weights=idle_weights, tail_out=tail_out, handoff=handoff)
+    return _compile_and_launch((num_programs,), kwargs, role)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    kernel: object  # the compiled kernel
+    grid: tuple
+    geometries: tuple  # (shape, strides, block, layout) per descriptor, or None
+    constexprs: list  # the kernel's arguments from BLOCK_M on, in order
+    result: GluonResult
+
+
+_PLANS: dict = {}
+
+
+def _fast_descriptor(base, shape, strides, block_shape, layout):
+    """A Gluon TensorDescriptor without ``__post_init__``'s checks (the plan's first launch ran them)."""
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block_shape, layout=layout,
+                         padding="zero")
+    return desc
+
+
+def _num_programs(device: torch.device) -> int:
+    """About one program per SM (4 for CPU tensors: the ahead-of-time compile check)."""
+    if device.type != "cuda":
+        return 4
+    return num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights, tail_out, handoff):
+    """Compile (through Triton's JIT) and launch; returns the plan for later direct launches."""
+    tail = tail_out if cfg.takes_out_tail and w_up is not None else None
+    descs = descriptors(a, w, w if w_up is None else w_up, out, cfg, tail)
+    kwargs = kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, descs, zero_tail=zero_tail, role=role,
+                         idle_weights=idle_weights, tail_out=tail, handoff=handoff)
+    items = num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1], cfg.block_n)
+    grid = (max(1, min(_num_programs(a.device), items)),)
+    kernel = _compile_and_launch(grid, kwargs, role)
+    names = grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
+    geometries = tuple(None if d is None else (list(d.shape), list(d.strides), list(d.block_shape), d.layout)
+                       for d in descs)
+    result = GluonResult.RAN if tail is None else GluonResult.RAN_AND_ZEROED_TAIL_OUT
+    return _Plan(kernel, grid, geometries, [kwargs[name] for name in names[names.index("BLOCK_M"):]], result)
+
+
+def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool = True,
+        role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None) -> GluonResult:
+    """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
+    SwiGLU GEMM (arguments as in :func:`kernel_args`). ``choose(a, w, w_up, out) -> GluonConfig |
+    None`` runs once per static signature (None: not for this kernel). The first call per
+    signature compiles and launches through Triton's JIT; later calls launch the compiled kernel
+    directly (:mod:`..launch`), with descriptors rebuilt from the cached geometry."""
+    if w.shape[1] == 0:
+        return GluonResult.RAN
+    if a.shape[0] == 0:  # no rows: no tail either
+        return GluonResult.RAN if tail_out is None else GluonResult.RAN_AND_ZEROED_TAIL_OUT
+    w_up_or_w = w if w_up is None else w_up
+    rw = _weights_ptr(a, route_weights, idle_weights)
+    key = (signature(a, w, w_up_or_w, out, rw, cu_seqlens, tail_out, None if handoff is None else handoff.state),
+           w_up is None, route_weights is None, idle_weights is None, choose, zero_tail, role,
+           None if handoff is None else handoff.flag_target)
+    plan = _PLANS.get(key)
+    if plan is None:
+        cfg = choose(a, w, w_up, out)
+        if cfg is None:
+            _PLANS[key] = GluonResult.NOT_APPLICABLE
+            return GluonResult.NOT_APPLICABLE
+        plan = _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights, tail_out,
+                          handoff)
+        if direct.ENABLED and hasattr(plan.kernel, "run"):
+            _PLANS[key] = plan
+        return plan.result
+    if plan is GluonResult.NOT_APPLICABLE:
+        return plan
+    zeroed = tail_out if plan.result is GluonResult.RAN_AND_ZEROED_TAIL_OUT else out
+    descs = [None if geo is None else _fast_descriptor(t, *geo)
+             for t, geo in zip((a, w, w_up_or_w, out, zeroed, a), plan.geometries)]
+    g, n, k = w.shape
+    sched = cu_seqlens if handoff is None else handoff.state
+    direct.launch_compiled(plan.kernel, plan.grid,
+                           [*descs, out, rw, cu_seqlens, sched, g, a.shape[0], n, k, out.stride(0), zeroed.shape[1],
+                            0 if handoff is None else handoff.flag_target, *plan.constexprs])
+    return plan.result
