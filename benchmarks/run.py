@@ -1,20 +1,24 @@
-"""Expert-path benchmark on one GPU: every path on every shape of shared/BASELINE.md.
+"""Expert-path benchmark on one GPU: every path of ``paths.py`` on every shape of ``shapes.py``.
 
-Time = median CUDA-graph replay (after warm-up) of the whole expert path. Floor =
-max(FLOPs / 757 TFLOP/s, bytes / 4.2 TB/s), the ceilings of shared/BASELINE.md (this run
-measures and records its own too).
+What the README's performance table reports (``python -m benchmarks.report`` writes that table
+from this script's JSON). For each shape and each segment padding, every path runs once (its
+output compared with the first path's on the live rows, its tail rows checked for zeros), then
+is timed: median of ``--reps`` CUDA-graph replays after warm-up (:mod:`benchmarks.timing`).
+Floor = max(FLOPs / 757 TFLOP/s, bytes / 4.2 TB/s), the H200 ceilings of shared/BASELINE.md;
+efficiency = floor / time. The run also measures and records this GPU's own ceilings (a dense
+bf16 matmul and a 4 GiB copy) and each path's eager host cost per call on a tiny problem.
 
-``--settle SECONDS`` (default 0: the README protocol) replays each path back to back for that
-long before its timed replays, so that every path is timed in the steady state it drives the
-board to. On this H200 the heavy paths run into the 700 W power cap (benchmarks/power.py), and
-without settling a path's figure depends on what ran before it: up to 8% between two runs of
-the same code on kimi-k2 S=1024 (docs/performance.md).
-Usage: python -m benchmarks.run [--out results.json] [--reps 50] [--paths vllm,moonep] [--settle 1]
+``--settle SECONDS`` (default 0, the README protocol) replays each path back to back for that
+long before its timed replays: under the H200's 700 W cap the heavy paths lower the SM clock,
+and without settling a path's figure depends on what ran before it.
+
+    python -m benchmarks.run [--out results.json] [--reps 50] [--paths vllm,moonep] [--paddings 128,1]
+                             [--shapes 0,3] [--settle 1]
+    python -m benchmarks.plot results.json chart.png
 """
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
@@ -22,66 +26,19 @@ import torch
 
 from .paths import PATHS
 from .shapes import SHAPES, build_problem
-
-
-def environment() -> dict:
-    """What every result file records: GPU, torch, triton, python, date."""
-    import triton
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-
-
-def capture_graph(fn, warmup: int = 3) -> torch.cuda.CUDAGraph:
-    """``fn`` captured in a CUDA graph, after ``warmup`` eager calls on a side stream (first-call
-    compiles and allocations happen outside the capture)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-def _settle(graph, seconds: float) -> None:
-    """Replay ``graph`` back to back for about ``seconds`` (a host sync every 10 replays only)."""
-    torch.cuda.synchronize()
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        for _ in range(10):
-            graph.replay()
-        torch.cuda.synchronize()
-
-
-def _median_graph_ms(fn, reps: int, settle_s: float = 0.0) -> float:
-    graph = capture_graph(fn)
-    for _ in range(5):
-        graph.replay()
-    if settle_s > 0:
-        _settle(graph, settle_s)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from .timing import environment, median_replay_ms
 
 
 def measure_ceilings() -> dict:
+    """This GPU's dense bf16 matmul rate (8192^3, TFLOP/s) and copy rate (4 GiB, TB/s read + written)."""
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = _median_graph_ms(lambda: torch.mm(a, b), 20)
+    ms = median_replay_ms(lambda: torch.mm(a, b), 20)
     tflops = 2 * n ** 3 / ms / 1e9
     src = torch.randn(2 ** 30, device="cuda")  # 4 GiB, far past L2
     dst = torch.empty_like(src)
-    ms = _median_graph_ms(lambda: dst.copy_(src), 20)
+    ms = median_replay_ms(lambda: dst.copy_(src), 20)
     tbps = 2 * src.numel() * src.element_size() / ms / 1e9
     del a, b, src, dst
     return {"matmul_tflops": tflops, "copy_tbps": tbps}
@@ -131,6 +88,9 @@ BASELINE_CEILINGS = {"matmul_tflops": 757.0, "copy_tbps": 4.2}
 
 
 def floor_us(sizes, shape, ceilings=BASELINE_CEILINGS) -> tuple[float, float, float, str]:
+    """``(floor µs, FLOPs, bytes, "compute" or "memory")`` of the expert path on segments of ``sizes``:
+    three GEMMs over the live rows; each non-empty group's three weights read once, ``x`` read and
+    ``out`` written for the live rows, one route weight per row."""
     rows = sum(sizes)
     nonempty = sum(1 for s in sizes if s)
     flops = 2 * rows * shape.hidden * shape.inter * 3
@@ -142,7 +102,7 @@ def floor_us(sizes, shape, ceilings=BASELINE_CEILINGS) -> tuple[float, float, fl
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--paths", default=",".join(PATHS))
@@ -178,7 +138,7 @@ def main(argv=None):
                     else:
                         err = float((out[:live].float() - ref).norm() / ref.norm())
                     tail_zero = bool((out[live:] == 0).all())
-                    ms = _median_graph_ms(lambda: fn(x, wg, wu, wd, cu, rw, out), args.reps, args.settle)
+                    ms = median_replay_ms(lambda: fn(x, wg, wu, wd, cu, rw, out), args.reps, args.settle)
                     us = ms * 1e3
                     row[name] = {"us": us, "eff": floor / us, "tflops": flops / us / 1e6,
                                  "tbps": nbytes / us / 1e6, "err_vs_first": err, "tail_zero": tail_zero}

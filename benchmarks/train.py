@@ -9,21 +9,19 @@ Paths (same signature ``fn(x, w_gate, w_up, w_down, cu_seqlens, route_weights) -
   ``silu_mul_weight``, ``grouped_gemm``, each with its own derivative (dx as two dgrads and an add).
 - ``moonep_recompute``: ``moonep_experts(recompute=True)``: the fused gate/up + activation forward,
   a backward that recomputes gate/up in one fused pass, then one dual dgrad and K-grouped wgrads.
-  (Results before 2026-11-30 03:40 UTC call this path ``moonep`` and the first ``moonep_unfused``;
-  results before 2026-11-30 10:00 UTC call the first path ``moonep_with_gate_up``, and ``moonep``
-  there is gate/up as two grouped GEMMs with a dual dgrad.)
 - ``grouped_mm_fn``: what torchtitan/Megatron-style integrations hand-write: an
   ``autograd.Function`` over ``torch._grouped_mm`` (dA = dOut @ W, dW = K-grouped
   ``_grouped_mm(dOut^T, A, offs)``), eager ``silu``/``mul`` under autograd.
 - ``grouped_mm_autograd``: the same composition on ``torch._grouped_mm``'s built-in derivative.
 
-Time = median CUDA-graph replay of ``out = fn(...); torch.autograd.grad(out, [x, weights, rw])``.
+Time = median CUDA-graph replay (:mod:`benchmarks.timing`) of
+``out = fn(...); torch.autograd.grad(out, [x, weights, rw])``; speed-ups are against ``grouped_mm_fn``.
 Gradients are compared with the first path's on live rows / non-empty groups (``err``), and
 each path reports whether its tail-row and empty-group gradients are exactly zero.
 Default shapes: the shapes of benchmarks/shapes.py with prefill-sized S (S >= 1024);
 ``--min-tokens`` raises S of every shape instead.
 
-    python -m benchmarks.train [--out train.json] [--reps 20] [--paths moonep,grouped_mm_fn]
+    python -m benchmarks.train [--out train.json] [--reps 20] [--paths moonep,grouped_mm_fn] [--min-tokens 4096]
 """
 
 import argparse
@@ -36,8 +34,9 @@ import torch.nn.functional as F
 
 import moonep_ops
 
-from .run import _median_graph_ms, environment, measure_ceilings
+from .run import measure_ceilings
 from .shapes import SHAPES, build_problem
+from .timing import environment, median_replay_ms
 
 
 class GroupedMM(torch.autograd.Function):
@@ -143,7 +142,7 @@ def run_shape(shape, paths, reps, ceilings):
             torch.cuda.synchronize()
             if ref is None:
                 ref = digest
-            us = _median_graph_ms(step, reps) * 1e3
+            us = median_replay_ms(step, reps) * 1e3
             row[name] = {"us": us, "eff": floor_us / us, "err_vs_first": _err(digest, ref),
                          "finite": all(bool(torch.isfinite(v).all()) for v in digest.values()),
                          "zero_tail": zero["tail"], "zero_empty_groups": zero["empty_groups"]}

@@ -1,21 +1,22 @@
-"""A control for compute-sanitizer's racecheck on Gluon kernels: the smallest warp-specialized
-kernels, with no moonep code (each partition stores to its own global rows; no shared memory of
-their own, no mbarriers). Hazards racecheck reports here come from how Triton lowers
-``gl.warp_specialize`` (each worker warp's partition index, and the captured arguments, passed
-through shared memory between named-barrier rounds), not from moonep_ops' kernels.
+"""The control kernel of the sanitizer run's racecheck triage (scripts/racecheck_triage.py).
 
-Variants (twelfth session, H200, Triton 3.6.0, compute-sanitizer 2025.3.1):
-- ``simple``: one worker partition (1 warp), no prologue: 0 hazards.
+The smallest warp-specialized Gluon kernels, with no moonep code: each partition stores to its
+own global rows; no shared memory of their own, no mbarriers. Hazards racecheck reports here
+come from how Triton lowers ``gl.warp_specialize`` (each worker warp's partition index and the
+captured arguments are passed through shared memory between named-barrier rounds), not from
+moonep_ops' kernels. ``scripts/sanitize.sh`` runs the ``like_ours`` variant under racecheck when
+the cases' racecheck reports errors: the triage tolerates those reports only while this control
+shows the same pattern.
+
+Variants (on an H200 with Triton 3.6.0 and compute-sanitizer 2025.3.1):
 - ``like_ours`` (default): a cross-warp sum before ``warp_specialize`` whose result the partitions
   capture, and two worker partitions (4 warps and 1), as the moonep Gluon GEMM has: racecheck
   reports the worker warps' read of their partition index (after ``barrier.sync 1``) against the
   default warps' writes of it (before the same barrier), i.e. hazards on accesses that named
-  barrier orders. In SASS the difference from ``simple`` is a ``BAR.SYNC 0x0, 0x80`` (the sum's
-  barrier, over the default warps only) before the handshake: our working guess is that
-  racecheck's barrier bookkeeping does not follow a partial barrier 0.
-- ``prologue`` / ``two_workers``: one of the two ingredients each (thirteenth session, same GPU
-  and tools): ``prologue`` reports (1 hazard), ``two_workers`` is clean: the prologue's partial
-  barrier is the ingredient.
+  barrier orders. The likely cause: racecheck's barrier bookkeeping does not follow the partial
+  barrier 0 of the sum (``BAR.SYNC 0x0, 0x80``, the default warps only) before the handshake.
+- ``prologue``: the sum alone (one worker): reports too, so the sum's partial barrier is the
+  ingredient; ``two_workers``: two workers, no sum; ``simple``: neither. Both clean.
 
 Usage on an sm90 GPU:
     compute-sanitizer --tool racecheck python3 scripts/racecheck_control.py [variant]

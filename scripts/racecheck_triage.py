@@ -4,9 +4,9 @@ Triton lowers ``gl.warp_specialize`` with a handshake through shared memory: the
 write each worker warp's partition index and the captured arguments, named barriers order them,
 and the workers read them. racecheck reports hazards on it in a kernel with a prologue that
 reduces across warps and two worker partitions, as the Gluon GEMM has; the small control
-``scripts/racecheck_control.py`` (no moonep code) reproduces them (twelfth session, H200,
-Triton 3.6.0, compute-sanitizer 2025.3.1). Those reports name only the kernel's ``def`` line
-and the line that holds its ``warp_specialize`` call (or the ``if`` around it).
+``scripts/racecheck_control.py`` (no moonep code) reproduces them (H200, Triton 3.6.0,
+compute-sanitizer 2025.3.1). Those reports name only the kernel's ``def`` line and the line that
+holds its ``warp_specialize`` call (or the ``if`` around it).
 
 A report is *handshake* when it has exactly the shape seen there: Reads only at the ``def`` line
 of a function that calls ``warp_specialize``, Writes only at that line or at the line Triton
@@ -18,7 +18,8 @@ ours, the log has racecheck summaries that all parse and count exactly the repor
 the control log shows the handshake pattern too (so a Triton that fixes it, leaving ours,
 fails). Exit 1 otherwise.
 
-Usage: python scripts/racecheck_triage.py racecheck.log --control racecheck_control.log
+Run by scripts/sanitize.sh; by hand:
+    python scripts/racecheck_triage.py racecheck.log --control racecheck_control.log
 """
 
 import argparse

@@ -17,7 +17,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 import moonep_ops
-from moonep_ops._library import SCHEMAS
+from moonep_ops.schemas import SCHEMAS
 from .reference import (TOLERANCE, experts_ref, grouped_gemm_ref, grouped_gemm_silu_mul_ref,
                         rel_err, row_groups, silu_mul_weight_ref)
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import moonep_ops
-from moonep_ops._library import op
+from moonep_ops.schemas import op
 
 from . import subprocess_jobs
 from .conftest import DEVICES, HAS_CUDA

@@ -1,15 +1,15 @@
-"""The Gluon kernel's config table (``configs.gluon_gemm_config``), a pure function of the
-problem's static metadata: its picks on the BASELINE shapes, pinned on CPU so that CI sees a
-changed pick (the GPU tests in test_cuda_gluon.py force every config shape on the H200), and the
-config's own validation."""
+"""The Gluon kernel's config table (``gluon_gemm_config``), a pure function of the problem's
+static metadata: its picks on the BASELINE shapes, pinned on CPU so that CI sees a changed pick
+(the GPU tests in test_cuda_gluon.py force every config shape on the H200; docs/performance.md
+gives each rule's measurements), and the config's own validation."""
 
 import pytest
 
-from moonep_ops.kernels import configs
+from moonep_ops.kernels.gluon import config as configs
 
 
 def test_config_table_picks_each_consumer_scheme():
-    """The table's choices on the BASELINE shapes (benchmarks/results/probe_gluon_h200.json)."""
+    """The table's choices on the BASELINE shapes."""
     pick = configs.gluon_gemm_config
     assert not pick(2048, 7168, 45056, fused=True).pingpong  # kimi-k2 prefill gate/up
     assert not pick(2048, 7168, 45056, fused=True).group_major
@@ -18,7 +18,7 @@ def test_config_table_picks_each_consumer_scheme():
     assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
     assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
     for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages or four
-        split = nvs == 20480  # S=1024: four stages and a split epilogue (power_h200_ab_split_epilogue*.json)
+        split = nvs == 20480  # S=1024: four stages and a split epilogue
         assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(
             block_n=256, stages=4 if split else 3, pingpong=False, skip_idle_half=nvs < 32768,
             epilogue_n=128 if split else 0)
@@ -28,13 +28,10 @@ def test_config_table_picks_each_consumer_scheme():
     # The tail's zeros: by the producer warp on long reductions, by the consumers on short ones.
     assert pick(7168, 2048, 13312, fused=False).tail_by_producer  # kimi-k2 decode down
     assert not pick(2048, 768, 48896, fused=False).tail_by_producer  # qwen3 down
-    # Idle upper halves skipped only where measured faster (probe_idle_h200.json): qwen3 S=2048's
-    # fused GEMM, kimi-k2's down GEMMs below NvS 32768; not kimi-k2's fused GEMMs where segments span
-    # several row tiles (the skip breaks the step of the programs sharing weight tiles), nor the
-    # ping-pong fused ones.
-    # Since the idle halves' rows are not loaded either (half_loads, power_h200_ab_half_loads*.json):
-    # also kimi-k2 decode's fused GEMM (segments of one row tile: no partner to drift from) and
-    # qwen3 S=2048's down GEMM.
+    # Idle upper halves skipped only where measured faster: qwen3 S=2048's GEMMs, kimi-k2's down
+    # GEMMs below NvS 32768 and its decode fused GEMM (segments of one row tile: no partner to drift
+    # from); not kimi-k2's fused GEMMs where segments span several row tiles (the skip breaks the
+    # step of the programs sharing weight tiles), nor the ping-pong fused ones.
     assert pick(2048, 7168, 13312, fused=True).skip_idle_half
     assert not pick(2048, 7168, 8192, fused=True).skip_idle_half
     assert not pick(2048, 7168, 20480, fused=True).skip_idle_half
@@ -45,12 +42,12 @@ def test_config_table_picks_each_consumer_scheme():
     assert not pick(2048, 768, 33024, fused=False).skip_idle_half
     assert not pick(5120, 8192, 6144, fused=False).skip_idle_half  # llama4 down (K = 8192)
     assert configs.GluonConfig().half_loads  # with every skip, by default
-    # The output's tail zeroed by the fused GEMM: qwen3 S=2048 only (power_h200_ab_out_tail*.json).
+    # The output's tail zeroed by the fused GEMM: qwen3 S=2048 only.
     assert pick(768, 2048, 48896, fused=True).takes_out_tail
     assert not any(pick(2048, 7168, nvs, fused=True).takes_out_tail for nvs in (13312, 20480, 45056))
     assert not pick(768, 2048, 33024, fused=True).takes_out_tail
-    # The row-tile handoff to the down GEMM: kimi-k2 decode's pair (-2.3% sustained) and the unpadded
-    # S=1024 one (NvS 8192, flat); nowhere else (+0.9 to +1.7% sustained: power_h200_ab_handoff*.json).
+    # The row-tile handoff to the down GEMM: kimi-k2 decode's pair and the unpadded S=1024 one
+    # (NvS 8192); nowhere else (it costs more than the early start buys there).
     assert pick(2048, 7168, 13312, fused=True).handoff and pick(2048, 7168, 8192, fused=True).handoff
     assert not any(pick(2048, 7168, nvs, fused=True).handoff for nvs in (20480, 32768, 45056))
     assert not any(pick(768, 2048, nvs, fused=True).handoff for nvs in (512, 16384, 33024, 48896))
@@ -66,10 +63,3 @@ def test_epilogue_n_is_the_whole_tile_or_half_of_it():
         configs.GluonConfig(block_n=128, epilogue_n=32)
     assert str(err.value) == ("GluonConfig: epilogue_n must be 0 or block_n = 128 (the whole tile) or "
                               "block_n // 2 = 64, got 32")
-
-
-def test_zero_cols_is_a_tma_box_width():
-    assert configs.GluonConfig(zero_cols=256).zero_cols == 256
-    with pytest.raises(ValueError) as err:
-        configs.GluonConfig(zero_cols=96)
-    assert str(err.value) == "GluonConfig: zero_cols must be 0, 64, 128 or 256, got 96"

@@ -28,7 +28,7 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from moonep_ops._library import SCHEMAS
+from moonep_ops.schemas import SCHEMAS
 from .conftest import DEVICES
 from .fuzz_strategies import (CPU_BUDGET, CUDA_BUDGET, KAPPA_TYPICAL, MAX_G, OPS, OPS_BY_NAME, Problem,
                               _as_tuple, check, condition_numbers, make_layout, problems)
@@ -136,7 +136,7 @@ def test_edge_cases(spec, case, device):
 
 
 def test_every_op_has_a_fuzz_entry():
-    """A new op in moonep_ops/_library.py needs its one-entry OpSpec in fuzz_strategies.py."""
+    """A new op in moonep_ops/schemas.py needs its one-entry OpSpec in fuzz_strategies.py."""
     fuzzed = {spec.moonep_op for spec in OPS}
     assert set(SCHEMAS) <= fuzzed, f"no fuzz entry for {sorted(set(SCHEMAS) - fuzzed)}"
 

@@ -1,139 +1,151 @@
-"""What the ``experts`` op asks of the GEMM launcher (CPU: the launcher is recorded, not run)."""
+"""What the CUDA ops ask of the GEMM launchers: kernel, PDL role, handoff, tail (CPU: the launchers
+are recorded, not run; the device capability is forced where a test needs sm90)."""
+
+import dataclasses
 
 import pytest
 import torch
 
-from moonep_ops.kernels import cuda, triton_grouped_gemm
+from moonep_ops.kernels.cuda import experts, paths
+from moonep_ops.kernels.pdl import PdlRole
+from moonep_ops.kernels.triton import grouped_gemm as triton_gemm
+
+NONE, PRIMARY, DEPENDENT = PdlRole.NONE, PdlRole.PRIMARY, PdlRole.DEPENDENT
+SWITCHES = ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE", "MOONEP_OPS_PDL")
 
 
 @pytest.fixture
 def recorded(monkeypatch):
+    """The Triton launcher's calls: (fused, role)."""
     calls = []
-    monkeypatch.setattr(triton_grouped_gemm, "run_moe_gemm",
-                        lambda a, w, w_up, *args, pdl="", **kw: calls.append((w_up is not None, pdl)))
+    monkeypatch.setattr(triton_gemm, "run",
+                        lambda a, w, w_up, *args, role=NONE, **kw: calls.append((w_up is not None, role)))
+    for var in SWITCHES:
+        monkeypatch.delenv(var, raising=False)
     return calls
 
 
-def _experts(h=32, i=16, g=3, nvs=20):
-    x = torch.randn(nvs, h)
+def _experts(h=32, i=16, g=3, nvs=20, dtype=torch.float32, route_weights=None, w_down=None):
+    x = torch.randn(nvs, h, dtype=dtype)
     cu = torch.tensor([5, 9, 14], dtype=torch.int32)
-    cuda.experts_into(x, torch.randn(g, i, h), torch.randn(g, i, h), torch.randn(g, h, i), None, cu,
-                      torch.empty(nvs, h))
+    w_down = torch.randn(g, h, i, dtype=dtype) if w_down is None else w_down
+    experts.experts_into(x, torch.randn(g, i, h, dtype=dtype), torch.randn(g, i, h, dtype=dtype), w_down,
+                         route_weights, cu, torch.empty(nvs, h, dtype=dtype))
 
 
-def test_experts_pairs_its_gemms_as_primary_and_dependent(recorded, monkeypatch):
-    monkeypatch.delenv("MOONEP_OPS_NO_PDL", raising=False)
+def test_experts_pairs_its_gemms_as_primary_and_dependent(recorded):
     _experts()
-    assert recorded == [(True, "primary"), (False, "dependent")]
+    assert recorded == [(True, PRIMARY), (False, DEPENDENT)]
 
 
-def test_no_pdl_switch(recorded, monkeypatch):
-    monkeypatch.setenv("MOONEP_OPS_NO_PDL", "1")
+def test_pdl_switch_off(recorded, monkeypatch):
+    monkeypatch.setenv("MOONEP_OPS_PDL", "0")
     _experts()
-    assert recorded == [(True, ""), (False, "")]
+    assert recorded == [(True, NONE), (False, NONE)]
 
 
-def test_no_dependent_without_a_fused_launch(recorded, monkeypatch):
+def test_no_dependent_without_a_fused_launch(recorded):
     """I = 0: the fused GEMM launches nothing, so the down GEMM would follow an unknown kernel."""
-    monkeypatch.delenv("MOONEP_OPS_NO_PDL", raising=False)
     _experts(i=0)
-    assert recorded == [(True, ""), (False, "")]
+    assert recorded == [(True, NONE), (False, NONE)]
 
 
-# The Gluon kernels (sm90): where the ops send each GEMM. CPU tensors with the capability forced;
+# The Gluon kernel (sm90): where the ops send each GEMM. CPU tensors with the capability forced;
 # the Gluon launcher is recorded, not run.
 
 def _gluon_or_skip():
-    if not cuda._gluon_importable():
+    if paths.gluon_host() is None:
         pytest.skip("this Triton has no usable Gluon")
+
+
+@dataclasses.dataclass
+class GluonCall:
+    fused: bool
+    zero_tail: bool
+    role: PdlRole
+    cfg: object
+    route_weights: object
+    idle_weights: object
+    handoff: object
+    tail_out: bool
 
 
 @pytest.fixture
 def on_sm90(monkeypatch, recorded):
     _gluon_or_skip()
-    from moonep_ops.kernels import gluon_grouped_gemm
-
-    monkeypatch.setattr(cuda, "capability_of", lambda t: (9, 0))
+    host = paths.gluon_host()
+    monkeypatch.setattr(paths, "capability_of", lambda t: (9, 0))
+    monkeypatch.setattr(experts, "_FLAG_TARGETS", {})
     gluon_calls = []
 
-    def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True, pdl="", idle_weights=None, tail_out=None,
-                       sched=None, flag_target=0):
+    def run(a, w, w_up, rw, cu, out, choose, *, zero_tail=True, role=NONE, idle_weights=None, tail_out=None,
+            handoff=None):
         cfg = choose(a, w, w_up, out)
         if cfg is None:
-            return False
-        gluon_calls.append((w_up is not None, zero_tail, pdl, cfg, rw, idle_weights, sched, flag_target))
-        return True
+            return host.GluonResult.NOT_APPLICABLE
+        gluon_calls.append(GluonCall(w_up is not None, zero_tail, role, cfg, rw, idle_weights, handoff,
+                                     tail_out is not None))
+        return host.GluonResult.RAN
 
-    monkeypatch.setattr(gluon_grouped_gemm, "run_gluon_gemm", run_gluon_gemm)
-    for var in ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE", "MOONEP_OPS_NO_PDL"):
-        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(host, "run", run)
     return gluon_calls, recorded
 
 
-def _experts_bf16(h=64, i=32, g=3, nvs=20):
-    x = torch.randn(nvs, h, dtype=torch.bfloat16)
-    cu = torch.tensor([5, 9, 14], dtype=torch.int32)
-    ws = [torch.randn(g, i, h, dtype=torch.bfloat16), torch.randn(g, i, h, dtype=torch.bfloat16),
-          torch.randn(g, h, i, dtype=torch.bfloat16)]
-    cuda.experts_into(x, *ws, None, cu, torch.empty(nvs, h, dtype=torch.bfloat16))
+def _roles(calls):
+    return [(c.fused, c.zero_tail, c.role) for c in calls]
 
 
 def test_experts_on_sm90_takes_the_gluon_kernels_with_pdl(on_sm90):
     gluon_calls, triton_calls = on_sm90
-    _experts_bf16()
-    assert [call[:3] for call in gluon_calls] == [(True, False, "primary"), (False, True, "dependent")]
+    _experts(h=64, i=32, dtype=torch.bfloat16)
+    assert _roles(gluon_calls) == [(True, False, PRIMARY), (False, True, DEPENDENT)]
     assert triton_calls == []
 
 
 def test_experts_hands_off_row_tiles_only_where_the_fused_config_asks(on_sm90, monkeypatch):
-    """The row-tile handoff: one zeroed state buffer for both GEMMs of a call, the down GEMM told the
-    flag target (each of the fused GEMM's column tiles, 256 threads); by default (the table's
-    configs for this small problem) no handoff."""
-    import dataclasses
-
-    from moonep_ops.kernels import configs as cfgs
+    """The row-tile handoff: one zeroed state buffer for both GEMMs of a call, with the flag target
+    (each of the fused GEMM's column tiles, 256 threads); by default (the table's configs for this
+    small problem) no handoff."""
+    from moonep_ops.kernels.gluon import config
 
     gluon_calls, _ = on_sm90
-    _experts_bf16()
-    assert [call[6:] for call in gluon_calls] == [(None, 0), (None, 0)]
-    table = cfgs.gluon_gemm_config
-    monkeypatch.setattr(cfgs, "gluon_gemm_config", lambda n, k, rows, fused: dataclasses.replace(
+    _experts(h=64, i=32, dtype=torch.bfloat16)
+    assert [c.handoff for c in gluon_calls] == [None, None]
+    table = config.gluon_gemm_config
+    monkeypatch.setattr(config, "gluon_gemm_config", lambda n, k, rows, fused: dataclasses.replace(
         table(n, k, rows, fused), **(dict(handoff=True, pingpong=False, block_n=128) if fused else {})))
-    monkeypatch.setattr(cuda, "_HANDOFF", {})
+    monkeypatch.setattr(experts, "_FLAG_TARGETS", {})
     gluon_calls.clear()
-    _experts_bf16()
-    (_, _, _, _, _, _, fused_sched, _), (_, _, _, _, _, _, down_sched, target) = gluon_calls
-    assert fused_sched is down_sched and fused_sched is not None
-    assert fused_sched.dtype == torch.int32 and not fused_sched.any()
-    assert fused_sched.numel() == 1 + triton_grouped_gemm.num_row_tiles(20, 3, 128)
-    assert target == 1 * 256  # I = 32: one 128-column tile, 8 warps
+    _experts(h=64, i=32, dtype=torch.bfloat16)
+    fused, down = gluon_calls
+    assert fused.handoff is down.handoff and fused.handoff is not None
+    state = fused.handoff.state
+    assert state.dtype == torch.int32 and not state.any()
+    assert state.numel() == 1 + triton_gemm.num_row_tiles(20, 3, 128)
+    assert fused.handoff.flag_target == 1 * 256  # I = 32: one 128-column tile, 8 warps
 
 
 def test_experts_down_gemm_gets_the_route_weights_as_idle_rows(on_sm90):
     """The down GEMM learns which rows of ``act`` are zero (route weight 0: MoonEP's padding) from
-    the route weights the fused GEMM applied, so that both skip the same idle upper halves; the
-    unfused path's plain GEMMs get none."""
+    the route weights the fused GEMM applied, so that both skip the same idle upper halves; a plain
+    GEMM gets none."""
     gluon_calls, _ = on_sm90
-    g, h, i, nvs = 3, 64, 32, 20
-    x = torch.randn(nvs, h, dtype=torch.bfloat16)
-    cu = torch.tensor([5, 9, 14], dtype=torch.int32)
-    rw = torch.rand(nvs)
-    ws = [torch.randn(g, i, h, dtype=torch.bfloat16), torch.randn(g, i, h, dtype=torch.bfloat16),
-          torch.randn(g, h, i, dtype=torch.bfloat16)]
-    cuda.experts_into(x, *ws, rw, cu, torch.empty(nvs, h, dtype=torch.bfloat16))
-    (_, _, _, _, fused_rw, fused_idle, _, _), (_, _, _, _, down_rw, down_idle, _, _) = gluon_calls
-    assert fused_rw is rw and fused_idle is None
-    assert down_rw is None and down_idle is rw
+    rw = torch.rand(20)
+    _experts(h=64, i=32, dtype=torch.bfloat16, route_weights=rw)
+    fused, down = gluon_calls
+    assert fused.route_weights is rw and fused.idle_weights is None
+    assert down.route_weights is None and down.idle_weights is rw
     gluon_calls.clear()
-    cuda.grouped_gemm_into(x, ws[0], cu, torch.empty(nvs, i, dtype=torch.bfloat16))
-    assert [call[4:6] for call in gluon_calls] == [(None, None)]
+    x, w = torch.randn(20, 64, dtype=torch.bfloat16), torch.randn(3, 32, 64, dtype=torch.bfloat16)
+    paths.run_unfused(x, w, torch.tensor([5, 9, 14], dtype=torch.int32), torch.empty(20, 32, dtype=torch.bfloat16))
+    assert [(c.route_weights, c.idle_weights) for c in gluon_calls] == [(None, None)]
 
 
 def test_gluon_pair_without_pdl(on_sm90, monkeypatch):
     gluon_calls, _ = on_sm90
-    monkeypatch.setenv("MOONEP_OPS_NO_PDL", "1")
-    _experts_bf16()
-    assert [call[:3] for call in gluon_calls] == [(True, False, ""), (False, True, "")]
+    monkeypatch.setenv("MOONEP_OPS_PDL", "0")
+    _experts(h=64, i=32, dtype=torch.bfloat16)
+    assert _roles(gluon_calls) == [(True, False, NONE), (False, True, NONE)]
 
 
 def test_gluon_fused_then_triton_down_is_asked_for_the_pdl_pair(on_sm90):
@@ -141,117 +153,109 @@ def test_gluon_fused_then_triton_down_is_asked_for_the_pdl_pair(on_sm90):
     kernel and is asked to be the dependent of the Gluon fused GEMM right before it (the Triton
     launcher's pointer path drops the role and launches plainly, which is always safe)."""
     gluon_calls, triton_calls = on_sm90
-    g, h, i, nvs = 3, 64, 32, 20
-    x = torch.randn(nvs, h, dtype=torch.bfloat16)
-    cu = torch.tensor([5, 9, 14], dtype=torch.int32)
-    w_down = torch.randn(g, h, i + 4, dtype=torch.bfloat16)[:, :, :i]
-    cuda.experts_into(x, torch.randn(g, i, h, dtype=torch.bfloat16), torch.randn(g, i, h, dtype=torch.bfloat16),
-                      w_down, None, cu, torch.empty(nvs, h, dtype=torch.bfloat16))
-    assert [call[:3] for call in gluon_calls] == [(True, False, "primary")]
-    assert triton_calls == [(False, "dependent")]
+    w_down = torch.randn(3, 64, 32 + 4, dtype=torch.bfloat16)[:, :, :32]
+    _experts(h=64, i=32, dtype=torch.bfloat16, w_down=w_down)
+    assert _roles(gluon_calls) == [(True, False, PRIMARY)]
+    assert triton_calls == [(False, DEPENDENT)]
 
 
 def test_gluon_switch_off_gives_the_triton_pair_with_pdl(on_sm90, monkeypatch):
     gluon_calls, triton_calls = on_sm90
     monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
-    _experts_bf16()
-    assert gluon_calls == [] and triton_calls == [(True, "primary"), (False, "dependent")]
+    _experts(h=64, i=32, dtype=torch.bfloat16)
+    assert gluon_calls == [] and triton_calls == [(True, PRIMARY), (False, DEPENDENT)]
 
 
 def test_operands_tma_cannot_address_take_the_triton_kernels(on_sm90):
-    """H = 60: 120-byte rows, not a multiple of 16 bytes; fp32: never the Gluon kernels."""
+    """H = 60: 120-byte rows, not a multiple of 16 bytes; fp32: never the Gluon kernel."""
     gluon_calls, triton_calls = on_sm90
-    _experts_bf16(h=60)
-    assert gluon_calls == [] and triton_calls == [(True, "primary"), (False, "dependent")]
-    x, w, cu = torch.randn(20, 64), torch.randn(3, 32, 64), torch.tensor([5, 9, 14], dtype=torch.int32)
-    cuda.grouped_gemm_into(x, w, cu, torch.empty(20, 32))
-    assert gluon_calls == [] and triton_calls[-1] == (False, "")
+    _experts(h=60, i=32, dtype=torch.bfloat16)
+    assert gluon_calls == [] and triton_calls == [(True, PRIMARY), (False, DEPENDENT)]
+    x, w = torch.randn(20, 64), torch.randn(3, 32, 64)
+    paths.run_unfused(x, w, torch.tensor([5, 9, 14], dtype=torch.int32), torch.empty(20, 32))
+    assert gluon_calls == [] and triton_calls[-1] == (False, NONE)
 
 
-def test_gluon_usable_reads_metadata_only(monkeypatch):
+def test_gluon_choice_reads_metadata_only(monkeypatch):
     _gluon_or_skip()
-    for var in ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE"):
+    for var in SWITCHES:
         monkeypatch.delenv(var, raising=False)
     a = torch.randn(256, 64, dtype=torch.bfloat16)
     w = torch.randn(2, 32, 64, dtype=torch.bfloat16)
     out = torch.empty(256, 32, dtype=torch.bfloat16)
-    assert cuda._gluon_usable((9, 0), a, out, w)
-    assert not cuda._gluon_usable((10, 0), a, out, w)  # no wgmma on Blackwell
-    assert not cuda._gluon_usable((8, 0), a, out, w)
-    assert not cuda._gluon_usable((9, 0), a.float(), out.float(), w.float())
-    assert not cuda._gluon_usable((9, 0), a[:, :0], out, w[:, :, :0])  # K = 0
+
+    def usable(cap, a, out, w):
+        monkeypatch.setattr(paths, "capability_of", lambda t: cap)
+        return paths.choose_gluon_unfused(a, w, None, out) is not None
+
+    assert usable((9, 0), a, out, w)
+    assert not usable((10, 0), a, out, w)  # no wgmma on Blackwell
+    assert not usable((8, 0), a, out, w)
+    assert not usable((9, 0), a.float(), out.float(), w.float())
+    assert not usable((9, 0), a[:, :0], out, w[:, :, :0])  # K = 0
     odd = torch.randn(256, 68, dtype=torch.bfloat16)[:, :64]  # 136-byte rows
-    assert not cuda._gluon_usable((9, 0), odd, out, w)
+    assert not usable((9, 0), odd, out, w)
     monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
-    assert not cuda._gluon_usable((9, 0), a, out, w)
+    assert not usable((9, 0), a, out, w)
     monkeypatch.setenv("MOONEP_OPS_GLUON", "1")
     monkeypatch.setenv("MOONEP_OPS_PORTABLE", "1")
-    assert not cuda._gluon_usable((9, 0), a, out, w)
+    assert not usable((9, 0), a, out, w)
 
 
 def test_self_check_names_the_kernel_path(monkeypatch):
     """``python -m moonep_ops`` reports which forward kernels the device takes."""
     from moonep_ops.__main__ import _kernel_path
 
-    for var in ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE", "MOONEP_OPS_NO_PDL"):
+    for var in SWITCHES:
         monkeypatch.delenv(var, raising=False)
     gpu = torch.device("cuda")
     assert _kernel_path(torch.device("cpu"), torch.float32).startswith("CPU kernels")
     assert _kernel_path(gpu, torch.bfloat16, (8, 0)) == "portable Triton kernels"
     assert _kernel_path(gpu, torch.float32, (9, 0)) == "portable Triton kernels"
-    if cuda._gluon_importable():
+    if paths.gluon_host() is not None:
         assert "Gluon" in _kernel_path(gpu, torch.bfloat16, (9, 0))
     monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
     assert _kernel_path(gpu, torch.bfloat16, (9, 0)) == "Triton kernels with TMA loads"
 
 
-def test_gluon_launcher_refuses_an_unknown_pdl_role():
-    _gluon_or_skip()
-    from moonep_ops.kernels import gluon_grouped_gemm
-
+def test_empty_reduction_takes_no_tma(monkeypatch):
+    """K = 0: a TMA descriptor needs every extent > 0; the pointer path computes the zeros."""
+    monkeypatch.delenv("MOONEP_OPS_PORTABLE", raising=False)
+    monkeypatch.setattr(paths, "capability_of", lambda t: (9, 0))
     a, w = torch.empty(256, 64, dtype=torch.bfloat16), torch.empty(2, 64, 64, dtype=torch.bfloat16)
-    cu = torch.tensor([100, 200], dtype=torch.int32)
-    with pytest.raises(ValueError, match="pdl must be one of"):
-        gluon_grouped_gemm.run_gluon_gemm(a, w, None, None, cu, torch.empty(256, 64, dtype=torch.bfloat16),
-                                          lambda *args: None, pdl="yes")
-
-
-def test_empty_reduction_takes_no_tma():
-    """K = 0: a TMA descriptor needs every extent > 0 (the Triton kernel built one and failed
-    on the H200, eleventh session); the pointer path computes the zeros."""
-    a, w = torch.empty(256, 64, dtype=torch.bfloat16), torch.empty(2, 64, 64, dtype=torch.bfloat16)
-    assert triton_grouped_gemm.tma_usable(a, w)
-    assert not triton_grouped_gemm.tma_usable(a[:, :0], w[:, :, :0])
-    assert not cuda._use_tma((9, 0), a[:, :0], w[:, :, :0])
+    assert triton_gemm.tma_usable(a, w)
+    assert not triton_gemm.tma_usable(a[:, :0], w[:, :, :0])
+    assert paths.choose_unfused(a, w, None)[1]
+    assert not paths.choose_unfused(a[:, :0], w[:, :, :0], None)[1]
     w_kn = torch.empty(2, 64, 64, dtype=torch.bfloat16).transpose(1, 2)  # the dgrad's transposed view
-    assert triton_grouped_gemm.tma_usable_kn(a, w_kn, 64)
-    assert not triton_grouped_gemm.tma_usable_kn(a[:0], w_kn[:0], 64)
+    assert triton_gemm.tma_usable_kn(a, w_kn, 64)
+    assert not triton_gemm.tma_usable_kn(a[:0], w_kn[:0], 64)
 
 
 def test_down_gemm_zeroes_the_tail_unless_the_fused_gemm_took_it(monkeypatch):
     """The experts op's output tail is zeroed exactly once: by the fused Gluon GEMM when its config
-    takes it (``run_gluon_gemm`` answers ``TOOK_TAIL``), else by the down GEMM, on whichever
-    kernel that runs (a Triton down GEMM after a Gluon fused one included)."""
+    takes it (``RAN_AND_ZEROED_TAIL_OUT``), else by the down GEMM, on whichever kernel that runs (a
+    Triton down GEMM after a Gluon fused one included)."""
     _gluon_or_skip()
-    from moonep_ops.kernels import gluon_grouped_gemm
-
-    monkeypatch.setattr(cuda, "capability_of", lambda t: (9, 0))
-    for var in ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE", "MOONEP_OPS_NO_PDL"):
+    host = paths.gluon_host()
+    monkeypatch.setattr(paths, "capability_of", lambda t: (9, 0))
+    for var in SWITCHES:
         monkeypatch.delenv(var, raising=False)
     for takes, down_on_gluon in ((True, True), (False, True), (True, False)):
         calls = []
 
-        def run_gluon_gemm(a, w, w_up, rw, cu, out, choose, zero_tail=True, pdl="", idle_weights=None,
-                           tail_out=None, sched=None, flag_target=0):
+        def run(a, w, w_up, rw, cu, out, choose, *, zero_tail=True, role=NONE, idle_weights=None, tail_out=None,
+                handoff=None):
             if w_up is None and not down_on_gluon:
-                return False
+                return host.GluonResult.NOT_APPLICABLE
             calls.append(("gluon", w_up is not None, zero_tail, tail_out is not None))
-            return gluon_grouped_gemm.TOOK_TAIL if w_up is not None and takes and tail_out is not None else True
+            if w_up is not None and takes and tail_out is not None:
+                return host.GluonResult.RAN_AND_ZEROED_TAIL_OUT
+            return host.GluonResult.RAN
 
-        monkeypatch.setattr(gluon_grouped_gemm, "run_gluon_gemm", run_gluon_gemm)
-        monkeypatch.setattr(triton_grouped_gemm, "run_moe_gemm",
-                            lambda a, w, w_up, *args, zero_tail=True, pdl="", **kw:
+        monkeypatch.setattr(host, "run", run)
+        monkeypatch.setattr(triton_gemm, "run", lambda a, w, w_up, *args, zero_tail=True, role=NONE, **kw:
                             calls.append(("triton", w_up is not None, zero_tail, False)))
-        _experts_bf16()
+        _experts(h=64, i=32, dtype=torch.bfloat16)
         down = "gluon" if down_on_gluon else "triton"
         assert calls == [("gluon", True, False, True), (down, False, not takes, False)], (takes, down_on_gluon)

@@ -14,7 +14,7 @@ fewer layouts, as backward doubles the cost) and the backward ops.
 import pytest
 import torch
 
-from moonep_ops._library import SCHEMAS
+from moonep_ops.schemas import SCHEMAS
 
 from .conftest import DEVICES
 from .layouts import LAYOUTS, experts_inputs, grouped_gemm_inputs, silu_mul_weight_inputs

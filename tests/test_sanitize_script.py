@@ -1,6 +1,7 @@
 """scripts/sanitize.sh's verdict, on CPU: a stand-in sanitizer (tests/tools/fake_compute_sanitizer.sh)
 writes canned reports. Racecheck reports wholly in Triton's warp-specialization handshake, with
-the control reproducing them, pass; one that touches the kernel's own code fails."""
+the control reproducing them, pass; one that touches the kernel's own code fails, and so does a
+failed case."""
 
 import os
 import pathlib
@@ -30,7 +31,7 @@ def test_handshake_reports_reproduced_by_the_control_pass(tmp_path):
     rc, summary = _sanitize(tmp_path)
     assert rc == 0, summary
     assert "1 report(s) in Triton's warp-specialization handshake, 0 elsewhere" in summary
-    assert "racecheck control [simple]: RACECHECK SUMMARY: 0 hazards" in summary
+    assert "control: 1 handshake, 0 elsewhere -> ok" in summary
     assert "sanitize status=0" in summary
 
 
@@ -45,3 +46,4 @@ def test_handshake_reports_with_a_failed_case_fail(tmp_path):
     rc, summary = _sanitize(tmp_path, FAKE_CASES_LINE="SANITIZE_CASES ran=2 failed=1")
     assert rc == 1, summary
     assert "-> ok" in summary  # the triage alone would pass; the failed case does not
+    assert "sanitize status=1" in summary

@@ -11,7 +11,7 @@ import expecttest
 import torch
 
 import moonep_ops  # noqa: F401  (registers the ops)
-from moonep_ops._library import NAMESPACE, SCHEMAS, op
+from moonep_ops.schemas import NAMESPACE, SCHEMAS, op
 
 
 def _registered_schema(name: str) -> str:

@@ -13,23 +13,22 @@ import torch
 from ... import flags
 from ...cache import signature
 from ..pdl import PdlRole
-from .paths import (capability_of, choose_gluon_fused, choose_gluon_unfused, contiguous, gluon_host, gluon_wanted,
-                    run_fused, run_unfused)
+from . import paths
 
 
 def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
-    cu = contiguous(cu_seqlens)
-    rw = contiguous(route_weights)
+    cu = paths.contiguous(cu_seqlens)
+    rw = paths.contiguous(route_weights)
     act = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
     # PDL only when the fused kernel does launch (I > 0), so that it is the kernel right before
     # the down GEMM (NvS = 0 launches neither).
     pdl = flags.pdl() and w_gate.shape[1] > 0
     handoff = _handoff(x, w_gate, w_up, w_down, act, out) if pdl else None
-    zeroed_out_tail = run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False,
+    zeroed_out_tail = paths.run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False,
                                 role=PdlRole.PRIMARY if pdl else PdlRole.NONE, tail_out=out, handoff=handoff)
     # act's rows with route weight 0 are zero (silu(gate) * up * 0), so their output rows are too:
     # the down GEMM may skip them like the fused one did (the Gluon kernel's idle upper halves).
-    run_unfused(act, w_down, cu, out, role=PdlRole.DEPENDENT if pdl else PdlRole.NONE, idle_weights=rw,
+    paths.run_unfused(act, w_down, cu, out, role=PdlRole.DEPENDENT if pdl else PdlRole.NONE, idle_weights=rw,
                 zero_tail=not zeroed_out_tail, handoff=handoff)
 
 
@@ -41,7 +40,7 @@ def _handoff(x, w_gate, w_up, w_down, act, out):
     target = _flag_target(x, w_gate, w_up, w_down, act, out)
     if not target:
         return None
-    host = gluon_host()
+    host = paths.gluon_host()
     return host.Handoff(host.handoff_state(x.shape[0], w_gate.shape[0], 128, x.device), target)
 
 
@@ -52,10 +51,10 @@ def _flag_target(x, w_gate, w_up, w_down, act, out) -> int:
     target = _FLAG_TARGETS.get(key)
     if target is None:
         target = 0
-        if gluon_wanted(capability_of(x), x.dtype):
-            fused = choose_gluon_fused(x, w_gate, w_up, act)
-            down = choose_gluon_unfused(act, w_down, None, out)
+        if paths.gluon_wanted(paths.capability_of(x), x.dtype):
+            fused = paths.choose_gluon_fused(x, w_gate, w_up, act)
+            down = paths.choose_gluon_unfused(act, w_down, None, out)
             if fused is not None and down is not None and fused.handoff and fused.block_m == down.block_m == 128:
-                target = gluon_host().flag_target(fused, w_gate.shape[1])
+                target = paths.gluon_host().flag_target(fused, w_gate.shape[1])
         _FLAG_TARGETS[key] = target
     return target

@@ -78,19 +78,19 @@ def _gluon_usable(a, out, *weights) -> bool:
 
 def choose_gluon_unfused(a, w, _w_up, out):
     """Config of ``a @ w[g].T`` on the Gluon kernel, or None (not for this kernel)."""
-    from ..gluon.config import gluon_gemm_config
+    from ..gluon import config
 
     if not _gluon_usable(a, out, w):
         return None
-    return gluon_gemm_config(w.shape[1], a.shape[1], a.shape[0], fused=False)
+    return config.gluon_gemm_config(w.shape[1], a.shape[1], a.shape[0], fused=False)
 
 
 def choose_gluon_fused(x, w_gate, w_up, out):
-    from ..gluon.config import gluon_gemm_config
+    from ..gluon import config
 
     if not _gluon_usable(x, out, w_gate, w_up):
         return None
-    return gluon_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], fused=True)
+    return config.gluon_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], fused=True)
 
 
 def _use_tma(capability, a, *weights) -> bool:
