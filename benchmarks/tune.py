@@ -1,11 +1,19 @@
-"""Offline sweep of block configs for the Triton grouped GEMMs (results feed kernels/configs.py).
+"""Offline sweep of the Triton forward GEMMs' block configs (the tables of
+``moonep_ops/kernels/triton/configs.py``: ``gemm_config``, ``fused_gemm_config``).
 
-For each shape of shared/BASELINE.md and each GEMM role of the expert path (fused gate/up,
-down, and ``fused_save``: the training fused GEMM that also writes gate and up), times every candidate config (portable loads and TMA) by CUDA-graph replay on the
-real MoonEP-like layout. ``--schedules`` sweeps the Hopper schedule knobs instead (TMA loads
-with TMA stores, a flattened or warp-specialized persistent loop; ``SCHEDULES``), each
-candidate checked against the committed config's output first.
-Usage: python -m benchmarks.tune [--out tune.json] [--schedules] [--paddings 128] [--roles fused,down]
+For each shape of ``shapes.py`` and each GEMM role of the expert path (``fused``: the gate/up GEMM
+with the SwiGLU epilogue; ``down``; ``fused_save``: the training fused GEMM that also writes gate
+and up), times every candidate config, with portable loads and with TMA, by CUDA-graph replay
+(:mod:`benchmarks.timing`) on the MoonEP-like layout, and prints the best two.
+``--schedules`` sweeps the Hopper schedule knobs instead (TMA loads with TMA stores, a flattened
+or warp-specialized persistent loop: ``SCHEDULES``); each candidate's output must equal the
+role's first schedule's bit for bit, or it is not timed.
+
+The Triton kernels run on sm80/sm86/sm89, under ``MOONEP_OPS_PORTABLE=1``, and on sm90 where no
+Gluon config applies (``MOONEP_OPS_GLUON=0``, fp16/fp32, the backward).
+
+    python -m benchmarks.tune [--out tune.json] [--schedules] [--paddings 128] [--roles fused,down]
+                              [--shapes 0,3] [--tma-only] [--reps 20]
 """
 
 import argparse
@@ -15,12 +23,12 @@ import json
 
 import torch
 
-from moonep_ops.kernels.configs import GemmConfig
-from moonep_ops.kernels.triton_grouped_gemm import (launch_grouped_gemm, launch_grouped_gemm_silu_mul,
+from moonep_ops.kernels.triton.configs import GemmConfig
+from moonep_ops.kernels.triton.grouped_gemm import (launch_grouped_gemm, launch_grouped_gemm_silu_mul,
                                                     launch_grouped_gemm_silu_mul_with_gate_up)
 
-from .run import _median_graph_ms, environment
 from .shapes import SHAPES, build_problem
+from .timing import environment, median_replay_ms
 
 FUSED = [GemmConfig(*c) for c in [
     (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 128, 8, 3), (128, 64, 64, 8, 4),
@@ -30,7 +38,6 @@ PLAIN = [GemmConfig(*c) for c in [
     (128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 128, 8, 3), (128, 128, 64, 8, 4),
     (64, 256, 64, 8, 4), (128, 256, 32, 8, 6),
 ]]
-
 
 
 def _variants(base, *knobs):
@@ -55,7 +62,7 @@ SCHEDULES = {
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--paddings", default="128,1")
@@ -87,7 +94,7 @@ def main(argv=None):
                 try:
                     fn(cands[0], True)
                 except Exception as exc:
-                    print(f"  {role} committed schedule failed: {type(exc).__name__}: {str(exc)[:300]}")
+                    print(f"  {role} reference schedule failed: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
                 ref = outs[role].clone()
             else:
@@ -98,9 +105,9 @@ def main(argv=None):
                         outs[role].fill_(float("nan"))
                         fn(cfg, tma)
                         if not torch.equal(outs[role], ref):
-                            raise RuntimeError(f"output differs from the committed schedule's "
+                            raise RuntimeError(f"output differs from the reference schedule's "
                                                f"(max diff {(outs[role].float() - ref.float()).abs().max():.3g})")
-                    us = _median_graph_ms(lambda: fn(cfg, tma), args.reps) * 1e3
+                    us = median_replay_ms(lambda: fn(cfg, tma), args.reps) * 1e3
                 except Exception as exc:  # e.g. out of shared memory: not a candidate
                     us = float("inf")
                     print(f"  {role} {cfg} tma={tma}: {type(exc).__name__}: {str(exc)[:120]}")

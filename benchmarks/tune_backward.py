@@ -1,19 +1,21 @@
-"""Offline sweep of the backward kernels' block configs (results feed kernels/configs_backward.py).
+"""Offline sweep of the backward kernels' block configs (``dgrad_config`` and ``wgrad_config`` in
+``moonep_ops/kernels/triton/configs.py``).
 
-For each shape of benchmarks/shapes.py with prefill-sized S (S >= 1024) and each backward GEMM
-of a training step, times the committed config (``default``), every candidate, and the
-``torch._grouped_mm`` call that does the same work (``torch``), by CUDA-graph replay on the
-MoonEP-like layout. Each candidate's result is first compared with ``torch._grouped_mm`` on the
-rows and groups that hold data (``err``), so a config that breaks a kernel cannot win.
+For each shape of ``shapes.py`` with prefill-sized S (S >= 1024) and each backward GEMM of a
+training step, times the committed config (``default``), every candidate, and the
+``torch._grouped_mm`` call that does the same work (``torch``), by CUDA-graph replay
+(:mod:`benchmarks.timing`) on the MoonEP-like layout. Each candidate's result is first compared
+with ``torch._grouped_mm`` on the rows and groups that hold data (``err``), so a config that
+breaks a kernel cannot win.
 
 Roles (bf16; G, I, H from the shape; rows from the layout):
   dgrad_down   d act [NvS, I] = grad_out @ w_down[g]            (forward kernel, transposed view)
-  dgrad_gate   d x   [NvS, H] = d_gate @ w_gate[g]              (saved-gate/up training, twice)
-  *_tma        the same two with TMA loads of the transposed weights (W_KN; not yet the default)
-  dual_dgrad   d x   [NvS, H] = d_gate @ w_gate[g] + d_up @ w_up[g]  (both training paths; TMA on sm90)
+  dgrad_gate   d x   [NvS, H] = d_gate @ w_gate[g]
+  *_tma        the same two with TMA loads of the transposed weights
+  dual_dgrad   d x   [NvS, H] = d_gate @ w_gate[g] + d_up @ w_up[g]  (TMA on sm90)
   wgrad_gate   d w_gate [G, I, H] = d_gate[seg]^T @ x[seg]      (and w_up alike)
   wgrad_down   d w_down [G, H, I] = grad_out[seg]^T @ act[seg]
-  wgrad_*_tma  the same with the whole row steps TMA-loaded (not yet the default)
+  wgrad_*_tma  the same with the whole row steps TMA-loaded
 
     python -m benchmarks.tune_backward [--out tune_backward.json] [--reps 10] [--roles a,b]
 """
@@ -24,14 +26,13 @@ import math
 
 import torch
 
-from moonep_ops.kernels import configs_backward
-from moonep_ops.kernels.configs import GemmConfig
-from moonep_ops.kernels.cuda import capability_of
-from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_dual
-from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
+from moonep_ops.kernels.triton import configs
+from moonep_ops.kernels.triton.configs import GemmConfig
+from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_dual
+from moonep_ops.kernels.triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad
 
-from .run import _median_graph_ms, environment
 from .shapes import SHAPES, build_problem
+from .timing import environment, median_replay_ms
 
 # (block_m, block_n, block_k, warps, stages). dgrad: the forward kernel's portable path.
 DGRAD = [GemmConfig(*c) for c in [
@@ -62,7 +63,7 @@ def roles_for(shape, x, wg, wu, wd, cu, sizes):
     ``where`` says which part of the output to compare (``_err``'s keywords)."""
     nvs, live = x.shape[0], sum(sizes)
     h, i = shape.hidden, shape.inter
-    cap = capability_of(x)
+    cap = torch.cuda.get_device_capability(x.device) if x.is_cuda else None  # None: the interpreter's table
     like = dict(device=x.device, dtype=x.dtype)
     full = [g for g, s in enumerate(sizes) if s][:8]  # groups compared (weight grads are large)
 
@@ -75,13 +76,13 @@ def roles_for(shape, x, wg, wu, wd, cu, sizes):
 
     def dgrad(grad, w, tma=False):  # [NvS, N] @ w[g] ([G, N, K]) -> [NvS, K]
         out = torch.empty(nvs, w.shape[2], **like)
-        cfg = configs_backward.dgrad_config(w.shape[2], w.shape[1], nvs, x.dtype, cap)
+        cfg = configs.dgrad_config(w.shape[2], w.shape[1], nvs, x.dtype, cap)
         return (DGRAD, cfg, lambda c: launch_grouped_gemm(grad, w.transpose(1, 2), cu, out, c, tma),
                 lambda: torch._grouped_mm(grad, w, offs=cu), out, dict(live_rows=live))
 
     def wgrad(grad, a, tma=False):  # grad[seg]^T @ a[seg] -> [G, N, K]
         out = torch.empty(cu.shape[0], grad.shape[1], a.shape[1], **like)
-        cfg = configs_backward.wgrad_config(grad.shape[1], a.shape[1], nvs, x.dtype, cap)
+        cfg = configs.wgrad_config(grad.shape[1], a.shape[1], nvs, x.dtype, cap)
         return (WGRAD, cfg, lambda c: launch_grouped_gemm_wgrad(grad, a, cu, out, c, tma),
                 lambda: torch._grouped_mm(grad.t(), a, offs=cu), out, dict(groups=full))
 
@@ -91,7 +92,7 @@ def roles_for(shape, x, wg, wu, wd, cu, sizes):
         "dgrad_gate": dgrad(d_gate, wg),
         "dgrad_down_tma": dgrad(grad_out, wd, tma=True),
         "dgrad_gate_tma": dgrad(d_gate, wg, tma=True),
-        "dual_dgrad": (DGRAD, configs_backward.dgrad_config(h, i, nvs, x.dtype, cap, dual=True),
+        "dual_dgrad": (DGRAD, configs.dgrad_config(h, i, nvs, x.dtype, cap, dual=True),
                        lambda c: launch_grouped_gemm_dual(d_gate, wg.transpose(1, 2), d_up, wu.transpose(1, 2), cu,
                                                           out_h, c, cap is not None and cap >= (9, 0)),
                        lambda: torch._grouped_mm(d_gate, wg, offs=cu) + torch._grouped_mm(d_up, wu, offs=cu),
@@ -120,7 +121,7 @@ def main(argv=None):
             if name not in wanted:
                 continue
             ref = ref_run()
-            torch_us = _median_graph_ms(ref_run, args.reps) * 1e3
+            torch_us = median_replay_ms(ref_run, args.reps) * 1e3
             role_flops = flops * (2 if name == "dual_dgrad" else 1)
             timings = []
             for label, cfg in [("default", default)] + [("candidate", c) for c in cands if c != default]:
@@ -128,7 +129,7 @@ def main(argv=None):
                     out.fill_(float("nan"))
                     run(cfg)
                     err = _err(out, ref, **where)
-                    us = _median_graph_ms(lambda: run(cfg), args.reps) * 1e3 if err <= 2e-2 else math.inf
+                    us = median_replay_ms(lambda: run(cfg), args.reps) * 1e3 if err <= 2e-2 else math.inf
                 except Exception as exc:  # e.g. out of shared memory: not a candidate
                     err, us = math.nan, math.inf
                     print(f"  {name} {cfg}: {type(exc).__name__}: {str(exc)[:120]}")

@@ -2,8 +2,7 @@
 without a GPU (CI): a kernel that does not compile, or does not fit a target's shared memory,
 fails here instead of on the first user's GPU.
 
-How: the registered CUDA functions of the ops (``moonep_ops.kernels.cuda`` and
-``cuda_backward``) run on CPU tensors with the device capability forced to each target, so the
+How: the registered CUDA functions of the ops (``moonep_ops.kernels.cuda.register``) run on CPU tensors with the device capability forced to each target, so the
 config tables and the TMA/portable choices are exactly the ones a GPU of that capability
 takes; ``JITFunction.run`` is replaced by an ahead-of-time ``triton.compile`` for that target
 (Triton's own specialization of the arguments, nothing launched). Shapes cover every branch of
@@ -23,6 +22,7 @@ missing tensor-core path; spills are reported, not fatal.
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -41,7 +41,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime import jit as triton_jit  # noqa: E402
 
 import moonep_ops  # noqa: E402,F401  (registers the ops)
-from moonep_ops.kernels import cuda, cuda_backward  # noqa: E402
+from moonep_ops.kernels.cuda import paths, register as cuda  # noqa: E402
 
 # Opt-in shared memory per block (bytes): H100/H200, A100, and the consumer/Ada parts.
 SMEM_LIMIT = {90: 232448, 80: 166912, 86: 101376, 89: 101376}
@@ -118,13 +118,15 @@ def _resource_usage(cubin) -> dict:
         sass = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True).stdout
     regs = re.search(r"REG:(\d+)", text)
     stack = re.search(r"STACK:(\d+)", text)
+    # The instructions alone (no addresses, no encodings): equal hashes mean the same machine code.
+    code = "\n".join(m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s*([^;]*);", sass))
     return {"registers": int(regs.group(1)) if regs else None, "stack_bytes": int(stack.group(1)) if stack else None,
-            "hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass))}
+            "hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
+            "sass_sha1": hashlib.sha1(code.encode()).hexdigest()[:12]}
 
 
 # The GEMM kernels (tl.dot): bf16/fp16 operands must reach the tensor cores.
-GEMM_KERNELS = ("_moe_gemm_kernel", "_grouped_gemm_wgrad_kernel", "_grouped_gemm_silu_mul_backward_kernel",
-                "_ws_grouped_gemm_kernel")
+GEMM_KERNELS = ("grouped_gemm_kernel", "gluon_grouped_gemm_kernel", "grouped_gemm_wgrad_kernel", "grouped_gemm_silu_mul_backward_kernel")
 
 
 def _tensor_core_error(r):
@@ -139,15 +141,14 @@ def _tensor_core_error(r):
 @contextlib.contextmanager
 def forced_capability(capability, compiler: Compiler, portable: bool):
     """The ops' CUDA functions see ``capability`` for CPU tensors; Triton compiles instead of launching."""
-    saved = (cuda.capability_of, cuda_backward.capability_of, triton_jit.JITFunction.run,
-             os.environ.get("MOONEP_OPS_PORTABLE"))
-    cuda.capability_of = cuda_backward.capability_of = lambda t: capability
+    saved = (paths.capability_of, cuda.capability_of, triton_jit.JITFunction.run, os.environ.get("MOONEP_OPS_PORTABLE"))
+    paths.capability_of = cuda.capability_of = lambda t: capability
     triton_jit.JITFunction.run = lambda fn, *args, **kwargs: compiler.run(fn, *args, **kwargs)
     os.environ["MOONEP_OPS_PORTABLE"] = "1" if portable else "0"
     try:
         yield
     finally:
-        cuda.capability_of, cuda_backward.capability_of, triton_jit.JITFunction.run, portable_env = saved
+        paths.capability_of, cuda.capability_of, triton_jit.JITFunction.run, portable_env = saved
         if portable_env is None:
             os.environ.pop("MOONEP_OPS_PORTABLE", None)
         else:
@@ -169,23 +170,21 @@ def run_all_ops(rows, k, n, g, dtype) -> None:
         cuda.experts_out(x, w_gate, w_up, w_down, rw, cu, _empty(rows, k, dtype=dtype))  # act's tail unwritten
         cuda.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)
         cuda.silu_mul_weight(gate, up, rw, cu)
-        cuda_backward.silu_mul_weight_backward(grad_n, gate, up, rw, cu)
-        cuda_backward.grouped_gemm_silu_mul_backward(grad_n, x, w_gate, w_up, rw, cu)
+        cuda.silu_mul_weight_backward(grad_n, gate, up, rw, cu)
+        cuda.grouped_gemm_silu_mul_backward(grad_n, x, w_gate, w_up, rw, cu)
     cuda.grouped_gemm(gate, w_down, cu)  # the down GEMM: [rows, n] x [g, k, n]
     cuda.grouped_gemm(x, w_gate, cu)
     cuda.grouped_gemm_out(x, w_gate, cu, _empty(rows, n, dtype=dtype))
-    cuda_backward.grouped_gemm_dgrad(grad_n, w_gate, cu)
-    cuda_backward.grouped_gemm_dgrad(grad_k, w_down, cu)
-    cuda_backward.grouped_gemm_dual_dgrad(grad_n, grad_n, w_gate, w_up, cu)
-    cuda_backward.grouped_gemm_wgrad(grad_n, x, cu)
-    cuda_backward.grouped_gemm_wgrad(grad_k, gate, cu)
+    cuda.grouped_gemm_dgrad(grad_n, w_gate, cu)
+    cuda.grouped_gemm_dgrad(grad_k, w_down, cu)
+    cuda.grouped_gemm_dual_dgrad(grad_n, grad_n, w_gate, w_up, cu)
+    cuda.grouped_gemm_wgrad(grad_n, x, cu)
+    cuda.grouped_gemm_wgrad(grad_k, gate, cu)
 
 
-# Gluon configs the GPU tests force and the probes time, whether or not the table picks them for PROBLEMS
-# (benchmarks/probe_gluon.py): (fused, GluonConfig fields). sm90 only.
+# Gluon configs the GPU tests force, whether or not the table picks them for PROBLEMS:
+# (fused, GluonConfig fields). sm90 only.
 GLUON_CANDIDATES = [
-    (True, dict(block_n=64, stages=6, stacked=True)),
-    (True, dict(pingpong=False, stages=4, stacked=True)),
     (True, dict(pingpong=False, stages=4)),  # the table's pick for NvS >= 40960, H < 4096 (qwen3 S=2048)
     (True, dict(block_n=64, block_k=128, stages=3)),
     (False, dict(pingpong=False, block_k=128, stages=3)),
@@ -196,9 +195,6 @@ GLUON_CANDIDATES = [
     (False, dict(pingpong=False, block_n=256, stages=4, epilogue_n=128, tail_by_producer=False)),
     (False, dict(stages=6, epilogue_n=64, skip_idle_half=True)),
     (True, dict(pingpong=False, stages=4, epilogue_n=64, skip_idle_half=True)),
-    # the producer's zeros in 4 x 256 boxes
-    (True, dict(pingpong=False, stages=4, skip_idle_half=True, zero_cols=256)),
-    (False, dict(pingpong=False, block_n=256, stages=3, zero_cols=256)),
     # idle upper halves whose whole `a` box is still loaded (half_loads off), ping-pong and cooperative
     (True, dict(pingpong=False, stages=4, skip_idle_half=True, half_loads=False)),
     (False, dict(stages=5, skip_idle_half=True, half_loads=False)),
@@ -227,27 +223,29 @@ HANDOFF_CANDIDATES = [
 
 
 def run_gluon_candidates(dtype) -> None:
-    from moonep_ops.kernels import gluon_grouped_gemm
+    from moonep_ops.kernels.gluon import host as gluon_host
+    from moonep_ops.kernels.pdl import PdlRole
 
     rows, k, n, g = 4096, 2048, 768, 8
     cu = torch.linspace(rows // (2 * g), rows // 2, g).to(torch.int32)
     for fused, cfg in GLUON_CANDIDATES:
         w = _empty(g, n, k, dtype=dtype)
-        gluon_grouped_gemm.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
+        gluon_host.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
                                   w_up=w if fused else None,
                                   route_weights=torch.empty(rows, dtype=torch.float32) if fused else None, **cfg)
     for _, cfg in PDL_CANDIDATES:
         w = _empty(g, n, k, dtype=dtype)
-        gluon_grouped_gemm.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
-                                  idle_weights=torch.empty(rows, dtype=torch.float32), pdl="dependent", **cfg)
+        gluon_host.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
+                                  idle_weights=torch.empty(rows, dtype=torch.float32), role=PdlRole.DEPENDENT, **cfg)
     sched = torch.empty(64, dtype=torch.int32)
     for fused, cfg in HANDOFF_CANDIDATES:
         w = _empty(g, n, k, dtype=dtype)
         rw = torch.empty(rows, dtype=torch.float32)
-        gluon_grouped_gemm.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
+        gluon_host.launch(_empty(rows, k, dtype=dtype), w, cu, _empty(rows, n, dtype=dtype), 4,
                                   w_up=w if fused else None, route_weights=rw if fused else None,
                                   idle_weights=None if fused else rw, zero_tail=not fused,
-                                  pdl="primary" if fused else "dependent", sched=sched, flag_target=3 * 256, **cfg)
+                                  role=PdlRole.PRIMARY if fused else PdlRole.DEPENDENT,
+                                  handoff=gluon_host.Handoff(sched, 3 * 256), **cfg)
 
 
 def check_target(arch: int, dtypes, portable: bool) -> list:
@@ -257,7 +255,7 @@ def check_target(arch: int, dtypes, portable: bool) -> list:
         for _, rows, k, n, g in PROBLEMS:
             for dtype in dtypes:
                 run_all_ops(rows, k, n, g, dtype)
-        if arch == 90 and not portable and cuda._gluon_importable():
+        if arch == 90 and not portable and paths.gluon_host() is not None:
             for dtype in dtypes:
                 if dtype != torch.float32:
                     run_gluon_candidates(dtype)
@@ -288,8 +286,8 @@ def _report(records) -> int:
 
 def selftest() -> int:
     """A config too large for sm90's shared memory (5 stages of 256x256x128 tiles) must be flagged."""
-    from moonep_ops.kernels.configs import GemmConfig
-    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm
+    from moonep_ops.kernels.triton.configs import GemmConfig
+    from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm
 
     compiler = Compiler(GPUTarget("cuda", 90, 32))
     a, w = _empty(1024, 1024, dtype=torch.bfloat16), _empty(4, 512, 1024, dtype=torch.bfloat16)
@@ -300,7 +298,7 @@ def selftest() -> int:
     flagged = _report(list(compiler.variants.values()))
     print("selftest:", "ok (flagged)" if flagged == 1 else "FAILED: the oversized config was not flagged")
     # The tensor-core rule on records like the ones above: sm90 wants HGMMA, sm86 HMMA.
-    record = {"kernel": "_moe_gemm_kernel", "dtype": "bf16", "target": "sm90", "hgmma": 0, "hmma": 16}
+    record = {"kernel": "grouped_gemm_kernel", "dtype": "bf16", "target": "sm90", "hgmma": 0, "hmma": 16}
     rules_ok = (_tensor_core_error(record) is not None
                 and _tensor_core_error(dict(record, hgmma=8)) is None
                 and _tensor_core_error(dict(record, target="sm86")) is None

@@ -1,14 +1,14 @@
 """Dump the compiled code of the forward kernel variant a problem takes, without a GPU.
 
 Runs one CUDA op on CPU tensors with the device capability forced (as scripts/aot_compile_check.py
-does), compiles the Triton kernel it would launch ahead of time for that target, writes its
-TTGIR and PTX to ``--out`` and prints its constexprs, shared memory, registers and the
-wgmma/mma pipeline shape of the PTX (async MMA instructions, commit groups, wait depths): a quick
-look at what a config change does to the main loop before spending device time on it.
+does), compiles the kernels it would launch (Triton, or on sm90 the Gluon one) ahead of time for
+that target, writes their TTGIR and PTX to ``--out`` and prints their constexprs, shared memory,
+registers and the wgmma/mma pipeline shape of the PTX (async MMA instructions, commit groups, wait
+depths): a quick look at what a config change does to the main loop before spending device time on it.
 
     python scripts/aot_dump.py --op fused --rows 48896 --k 2048 --n 768 --groups 132   # qwen3 gate/up
     python scripts/aot_dump.py --op plain --rows 20480 --k 2048 --n 7168 --groups 388 --arch 80
-    python scripts/aot_dump.py --op plain ... --config "128, 128, 64, 8, 3, programs_per_sm=2"  # a candidate
+    python scripts/aot_dump.py --op plain ... --config "128, 128, 64, 8, 3, programs_per_sm=2"  # not the table's
 """
 
 import argparse
@@ -24,7 +24,7 @@ import aot_compile_check as aot  # noqa: E402  (also puts the repo root on sys.p
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-from moonep_ops.kernels import cuda  # noqa: E402
+from moonep_ops.kernels.cuda import register as cuda  # noqa: E402
 
 
 class KeepingCompiler(aot.Compiler):
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
                         help='a GemmConfig to compile instead of the table\'s, e.g. "128, 64, 64, 8, 3, programs_per_sm=2"')
     args = parser.parse_args(argv)
     if args.config:
-        from moonep_ops.kernels import configs
+        from moonep_ops.kernels.triton import configs
         forced = eval(f"configs.GemmConfig({args.config})", {"configs": configs})
         configs.gemm_config = configs.fused_gemm_config = lambda *a, **k: forced
 

@@ -107,9 +107,9 @@ def main():
     # epilogues.
     if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
         _set_mode("default")
-        from moonep_ops.kernels import cuda as cuda_kernels
+        from moonep_ops.kernels.cuda import paths
 
-        if cuda_kernels._gluon_importable():
+        if paths.gluon_host() is not None:
             from tests import test_cuda_gluon as tg
 
             for name in tg.IDLE_CONFIGS:

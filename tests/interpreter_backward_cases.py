@@ -16,7 +16,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by test_autograd.py with TRITON_INTERPRET=1", allow_module_level=True)
 pytest.importorskip("triton")
 
-from moonep_ops.kernels import configs, cpu_backward  # noqa: E402
+from moonep_ops.kernels import cpu as cpu_backward  # noqa: E402
+from moonep_ops.kernels.triton import configs  # noqa: E402
 from .layouts import LAYOUTS, Layout, fill_tail_nan  # noqa: E402
 from .reference import TOLERANCE, rel_err  # noqa: E402
 
@@ -57,7 +58,7 @@ def _assert_close(out, ref, dtype, layout=None):
         assert torch.count_nonzero(out[layout.total:]) == 0, "tail rows are not zero"
 
 
-# TMA on the transposed view (W_KN): the reduction (layout.n) a multiple of BLOCK_K = 16 and
+# TMA on the transposed view (W_TRANSPOSED): the reduction (layout.n) a multiple of BLOCK_K = 16 and
 # 16-byte rows; g300 crosses a cu_seqlens scan chunk.
 KN_LAYOUTS = [Layout("kn_tail_empty", (17, 0, 33, 5), 61, k=48, n=32),
               Layout("kn_g300", tuple(3 if g % 97 == 5 else 0 for g in range(300)) + (2,), 16, k=8, n=16)]
@@ -65,7 +66,7 @@ KN_LAYOUTS = [Layout("kn_tail_empty", (17, 0, 33, 5), 61, k=48, n=32),
 
 @pytest.mark.parametrize("layout", KN_LAYOUTS, ids=[lay.name for lay in KN_LAYOUTS])
 def test_dgrad_tma_on_transposed_weights(layout):
-    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, tma_usable_kn
+    from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm, tma_usable_kn
 
     dtype = torch.float16
     grad, w = _rows(layout, layout.n, dtype), _weights(layout, layout.n, layout.k, dtype)
@@ -78,7 +79,7 @@ def test_dgrad_tma_on_transposed_weights(layout):
 
 def test_dgrad_tma_on_transposed_weights_refuses_a_ragged_reduction():
     """A reduction that is not a multiple of BLOCK_K would read the next group's rows."""
-    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm, tma_usable_kn
+    from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm, tma_usable_kn
 
     layout = Layout("kn_ragged", (5, 7), 12, k=16, n=24)
     grad, w = _rows(layout, layout.n, torch.float16), _weights(layout, layout.n, layout.k, torch.float16)
@@ -90,7 +91,7 @@ def test_dgrad_tma_on_transposed_weights_refuses_a_ragged_reduction():
 
 @pytest.mark.parametrize("layout,dtype", CASES)
 def test_dgrad_through_the_forward_launcher(layout, dtype):
-    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm
+    from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm
 
     grad, w = _rows(layout, layout.n, dtype), _weights(layout, layout.n, layout.k, dtype)
     cu = layout.cu_seqlens()
@@ -101,8 +102,8 @@ def test_dgrad_through_the_forward_launcher(layout, dtype):
 
 @pytest.mark.parametrize("layout,dtype", CASES)
 def test_dual_dgrad(layout, dtype):
-    """The forward kernel's DUAL mode over the transposed weight views (pointer loads)."""
-    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm_dual
+    """The forward kernel's DUAL_DGRAD mode over the transposed weight views (pointer loads)."""
+    from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm_dual
 
     g_gate, g_up = _rows(layout, layout.n, dtype), _rows(layout, layout.n, dtype)
     w_gate, w_up = _weights(layout, layout.n, layout.k, dtype), _weights(layout, layout.n, layout.k, dtype)
@@ -115,8 +116,8 @@ def test_dual_dgrad(layout, dtype):
 
 @pytest.mark.parametrize("layout", KN_LAYOUTS, ids=[lay.name for lay in KN_LAYOUTS])
 def test_dual_dgrad_tma_on_transposed_weights(layout):
-    """DUAL with TMA loads of both gradients and both transposed weight views (W_KN)."""
-    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm_dual
+    """DUAL_DGRAD with TMA loads of both gradients and both transposed weight views (W_TRANSPOSED)."""
+    from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm_dual
 
     dtype = torch.float16
     g_gate, g_up = _rows(layout, layout.n, dtype), _rows(layout, layout.n, dtype)
@@ -129,20 +130,20 @@ def test_dual_dgrad_tma_on_transposed_weights(layout):
 
 
 def test_dual_refuses_mismatched_strides():
-    from moonep_ops.kernels.triton_grouped_gemm import launch_grouped_gemm_dual
+    from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm_dual
 
     layout = INTERP_LAYOUTS[0]
     g_gate = _rows(layout, layout.n, torch.float32)
     g_up = _rows(layout, layout.n, torch.float32).t().contiguous().t()
     w = _weights(layout, layout.n, layout.k, torch.float32)
-    with pytest.raises(ValueError, match="a2 needs a's shape and strides"):
+    with pytest.raises(ValueError, match="a_up needs a's shape and strides"):
         launch_grouped_gemm_dual(g_gate, w.transpose(1, 2), g_up, w.transpose(1, 2), layout.cu_seqlens(),
                                  _poisoned(layout.nvs, layout.k, dtype=torch.float32), GEMM)
 
 
 @pytest.mark.parametrize("layout,dtype", CASES)
 def test_wgrad(layout, dtype):
-    from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
+    from moonep_ops.kernels.triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad
 
     grad, a = _rows(layout, layout.n, dtype), _rows(layout, layout.k, dtype)
     cu = layout.cu_seqlens()
@@ -161,7 +162,7 @@ WGRAD_TMA_LAYOUTS = [lay for lay in INTERP_LAYOUTS if lay.name in ("unpadded", "
 def test_wgrad_tma(layout):
     """Whole row steps by TMA, the partial last step by masked loads (rows past a segment are
     another group's: they must not enter the sum). fp16: TMA needs 16-byte rows."""
-    from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad, tma_usable
+    from moonep_ops.kernels.triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad, tma_usable
 
     dtype = torch.float16
     grad, a = _rows(layout, layout.n, dtype), _rows(layout, layout.k, dtype)
@@ -177,7 +178,7 @@ def test_wgrad_tma(layout):
 
 def test_wgrad_strided_inputs():
     """Column-major grad_out and a go through the stride arguments."""
-    from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
+    from moonep_ops.kernels.triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad
 
     layout = INTERP_LAYOUTS[0]
     grad = _rows(layout, layout.n, torch.float32).t().contiguous().t()
@@ -190,7 +191,7 @@ def test_wgrad_strided_inputs():
 
 def test_wgrad_invalid_cu_seqlens_stay_in_bounds():
     """cu_seqlens past NvS (unchecked on CUDA) must not read past the buffers."""
-    from moonep_ops.kernels.triton_grouped_gemm_wgrad import launch_grouped_gemm_wgrad
+    from moonep_ops.kernels.triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad
 
     storage_a = torch.full((30, 8), float("nan"))
     storage_a[:20] = torch.randn(20, 8)
@@ -207,7 +208,7 @@ def test_wgrad_invalid_cu_seqlens_stay_in_bounds():
 @pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])
 @pytest.mark.parametrize("layout,dtype", CASES)
 def test_grouped_gemm_silu_mul_backward(layout, dtype, with_weights):
-    from moonep_ops.kernels.triton_grouped_gemm_silu_mul_backward import (
+    from moonep_ops.kernels.triton.grouped_gemm_silu_mul_backward import (
         launch_grouped_gemm_silu_mul_backward, num_col_tiles)
 
     grad, x = _rows(layout, layout.n, dtype), _rows(layout, layout.k, dtype)
@@ -229,7 +230,7 @@ def test_grouped_gemm_silu_mul_backward(layout, dtype, with_weights):
 @pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])
 @pytest.mark.parametrize("layout,dtype", CASES)
 def test_silu_mul_weight_backward(layout, dtype, with_weights):
-    from moonep_ops.kernels.triton_silu_mul_weight_backward import launch_silu_mul_weight_backward
+    from moonep_ops.kernels.triton.silu_mul_weight import launch_silu_mul_weight_backward
 
     grad, gate, up = (_rows(layout, layout.n, dtype) for _ in range(3))
     rw = fill_tail_nan(torch.rand(layout.nvs) + 0.1, layout.total) if with_weights else None
@@ -269,7 +270,7 @@ def _op_args(name, layout, dtype):
 def test_cuda_op_bodies(name, layout):
     """The registered CUDA implementations end to end (checks, allocation, config choice, launch,
     the d_rw reduction), run on CPU tensors: only the device differs from a GPU call."""
-    from moonep_ops.kernels import cuda_backward
+    from moonep_ops.kernels.cuda import register as cuda_backward
 
     args = _op_args(name, layout, torch.float32)
     got = getattr(cuda_backward, name)(*args)

@@ -13,7 +13,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by test_triton_interpreter.py with TRITON_INTERPRET=1", allow_module_level=True)
 pytest.importorskip("triton")
 
-from moonep_ops.kernels import configs  # noqa: E402
+from moonep_ops.kernels.triton import configs  # noqa: E402
 from .layouts import (LAYOUTS, Layout, experts_inputs, grouped_gemm_inputs,  # noqa: E402
                       silu_mul_weight_inputs)
 from .reference import (TOLERANCE, grouped_gemm_ref, grouped_gemm_silu_mul_ref, rel_err,  # noqa: E402
@@ -30,9 +30,9 @@ INTERP_LAYOUTS = [lay for lay in LAYOUTS if lay.name != "g1100"] + [
 
 @pytest.fixture(scope="module")
 def interpreted():
-    from moonep_ops.kernels import triton_grouped_gemm, triton_silu_mul_weight
+    from moonep_ops.kernels.triton import grouped_gemm, silu_mul_weight
 
-    return triton_grouped_gemm, triton_silu_mul_weight, triton_grouped_gemm
+    return grouped_gemm, silu_mul_weight, grouped_gemm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
@@ -158,8 +158,8 @@ def test_cuda_impls_accept_strided_cu_seqlens_and_route_weights():
     """The registered CUDA functions (run here on CPU tensors through the interpreter) must give
     the same result for strided views of cu_seqlens/route_weights as for dense copies: the
     kernels index both as dense vectors (found by the CUDA fuzz run on the H200)."""
-    from moonep_ops.kernels import cuda as fwd
-    from moonep_ops.kernels import cuda_backward as bwd
+    from moonep_ops.kernels.cuda import register as fwd
+    from moonep_ops.kernels.cuda import register as bwd
 
     g, n, k, nvs = 3, 5, 7, 20
     cu = torch.tensor([4, 99, 9, 99, 15, 99], dtype=torch.int32)[::2]
@@ -251,7 +251,7 @@ def test_group_major_needs_the_register_schedule(interpreted):
     out = torch.empty(64, 16)
     cfg = configs.GemmConfig(16, 16, 16, 1, 1, group_major=True)
     for g, want in ((gemm.SMALL_G_MAX, True), (gemm.SMALL_G_MAX + 1, False)):
-        plan = gemm._plan(x, torch.randn(g, 16, 16), None, None, out, cfg, False)
+        plan = gemm.make_plan(x, torch.randn(g, 16, 16), None, None, out, cfg, False)
         assert plan.constexprs["GROUP_MAJOR"] is want
 
 

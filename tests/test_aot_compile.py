@@ -49,19 +49,19 @@ def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys, monkeypatch):
     spec = importlib.util.spec_from_file_location("aot_dump", path)
     aot_dump = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(aot_dump)
-    args = ["--op", "fused", "--rows", "512", "--k", "256", "--n", "128", "--groups", "4", "--out", str(tmp_path)]
-    from moonep_ops.kernels import cuda
+    args = ["--op", "fused", "--rows", "512", "--k", "256", "--n", "128", "--groups", "4"]
+    from moonep_ops.kernels.cuda import paths
 
-    if cuda._gluon_importable():
-        assert aot_dump.main(args) == 0
+    if paths.gluon_host() is not None:
+        assert aot_dump.main(args + ["--out", str(tmp_path / "gluon")]) == 0
         printed = capsys.readouterr().out
-        assert "_ws_grouped_gemm_kernel sm90" in printed and "'FUSED': True" in printed, printed
+        assert "gluon_grouped_gemm_kernel sm90" in printed and "'FUSED': True" in printed, printed
         assert re.search(r"wgmma\.mma_async [1-9]", printed), printed
     monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
-    assert aot_dump.main(args) == 0
+    assert aot_dump.main(args + ["--out", str(tmp_path / "triton")]) == 0
     printed = capsys.readouterr().out
     assert "'FUSED': True" in printed and "'USE_TMA': True" in printed, printed
     mma = re.search(r"wgmma\.mma_async (\d+), commit_group (\d+)", printed)
     assert mma and int(mma.group(1)) > 0 and int(mma.group(2)) >= 2, printed
-    ptx = list(tmp_path.glob("*_moe_gemm_kernel_sm90.ptx"))
+    ptx = list((tmp_path / "triton").glob("*_grouped_gemm_kernel_sm90.ptx"))
     assert ptx and "wgmma.mma_async" in ptx[0].read_text()

@@ -24,7 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import moonep_ops
-from moonep_ops._library import SCHEMAS
+from moonep_ops.schemas import SCHEMAS
 from .reference import TOLERANCE, grouped_gemm_ref, rel_err
 from .test_bad_input import _no_sync
 
@@ -202,7 +202,7 @@ CASES = {
         _ops().experts_out, (b.a, b.w, b.w_up, b.w_down, b.rw, b.cu, torch.empty(K, NVS, device=b.device).t()))),
     "experts_out_rw_short": _c("experts_out", lambda b: (
         _ops().experts_out, (b.a, b.w, b.w_up, b.w_down, b.rw[:NVS - 1], b.cu, b.x_out))),
-    # backward ops (issue 7): grad [NvS, N]
+    # backward ops: grad [NvS, N]
     "dgrad_n_mismatch": _c("grouped_gemm_dgrad",
                            lambda b: (_ops().grouped_gemm_dgrad, (b.grad[:, :N - 1], b.w, b.cu))),
     "dgrad_w_other_device": _c("grouped_gemm_dgrad",

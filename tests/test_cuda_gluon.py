@@ -3,22 +3,23 @@ config table picks for a problem: ping-pong and cooperative consumers, 64/128/25
 both item orders, the plain and the fused GEMM, with and without route weights, with and without
 the tail's zeros. Outputs are poisoned with NaN first and compared to float64 references.
 
-The public ops reach these kernels through ``configs.gluon_gemm_config`` (the rest of the CUDA
-suite covers that path: capture, sync-free checks, bad input); ``MOONEP_OPS_GLUON=0`` runs the
-same suite on the Triton kernels. Which GEMM goes where is pinned on CPU in test_launch_roles.py.
+The public ops reach these kernels through ``gluon.config.gluon_gemm_config`` (the rest of the
+CUDA suite covers that path: capture, sync-free checks, bad input); ``MOONEP_OPS_GLUON=0`` runs
+the same suite on the Triton kernels. Which GEMM goes where is pinned on CPU in test_launch_roles.py.
 """
 
 import pytest
 import torch
 
-from moonep_ops.kernels import configs, cuda
+from moonep_ops.kernels.cuda import paths
+from moonep_ops.kernels.gluon.config import gluon_gemm_config
 from .layouts import Layout, _padded, experts_inputs, grouped_gemm_inputs
 from .reference import TOLERANCE, experts_ref, grouped_gemm_ref, grouped_gemm_silu_mul_ref, rel_err
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not SM90, reason="the Gluon kernels need an sm90 GPU"),
-              pytest.mark.skipif(SM90 and not cuda._gluon_importable(), reason="this Triton has no usable Gluon")]
+              pytest.mark.skipif(SM90 and paths.gluon_host() is None, reason="this Triton has no usable Gluon")]
 
 PLAIN = {
     "pingpong_n128_s5": dict(stages=5),
@@ -28,25 +29,19 @@ PLAIN = {
     # The tail zeroed by the consumers after their items (the default: by the producer warp).
     "pingpong_tail_by_consumers": dict(stages=5, tail_by_producer=False),
     "coop_tail_by_consumers": dict(pingpong=False, stages=6, tail_by_producer=False),
-    "coop_k128_s3": dict(pingpong=False, block_k=128, stages=3),  # a probe candidate (BLOCK_K 128)
+    "coop_k128_s3": dict(pingpong=False, block_k=128, stages=3),  # BLOCK_K 128 (no table pick uses it)
     # Split epilogues (the tile leaves in two column halves through a half-size buffer, which
     # leaves room for another stage), with the tail zeroed by the producer and by the consumers.
     "coop_n256_s4_split": dict(pingpong=False, block_n=256, stages=4, epilogue_n=128),
     "coop_n256_split_tail_by_consumers": dict(pingpong=False, block_n=256, stages=4, epilogue_n=128,
                                               tail_by_producer=False),
     "pingpong_n128_s6_split": dict(stages=6, epilogue_n=64),
-    # The producer's tail zeros in other boxes (GluonConfig.zero_cols): 4 x 256, 16 x 64.
-    "coop_n256_zero256": dict(pingpong=False, block_n=256, stages=3, zero_cols=256),
-    "pingpong_zero64": dict(stages=5, zero_cols=64),
 }
 FUSED = {
     "pingpong_n64_s6": dict(block_n=64, stages=6),
     "coop_n128_s4": dict(pingpong=False, stages=4),
     "coop_n128_rows": dict(pingpong=False, stages=4, group_major=False),
-    "pingpong_n64_k128_s3": dict(block_n=64, block_k=128, stages=3),  # a probe candidate (BLOCK_K 128)
-    # Probe candidates: gate and up tiles stacked, one wgmma of 2 * block_n columns.
-    "pingpong_n64_stacked": dict(block_n=64, stages=6, stacked=True),
-    "coop_n128_stacked": dict(pingpong=False, stages=4, stacked=True),
+    "pingpong_n64_k128_s3": dict(block_n=64, block_k=128, stages=3),  # BLOCK_K 128 (no table pick uses it)
     "coop_n128_s4_split": dict(pingpong=False, stages=4, epilogue_n=64),  # a split epilogue
 }
 # TMA needs 16-byte row strides: K and N multiples of 8. Partial tiles (segments not multiples of
@@ -62,9 +57,9 @@ GLUON_LAYOUTS = [
 
 
 def _launch(a, w, cu, out, w_up=None, rw=None, zero_tail=True, **cfg):
-    from moonep_ops.kernels import gluon_grouped_gemm
+    from moonep_ops.kernels.gluon import host
 
-    gluon_grouped_gemm.launch(a, w, cu, out, 132, w_up=w_up, route_weights=rw, zero_tail=zero_tail, **cfg)
+    host.launch(a, w, cu, out, 132, w_up=w_up, route_weights=rw, zero_tail=zero_tail, **cfg)
     torch.cuda.synchronize()
 
 
@@ -104,8 +99,7 @@ def test_fused_zeroes_its_tail_when_asked(cfg):
 
 
 @pytest.mark.parametrize("layout", [GLUON_LAYOUTS[3], GLUON_LAYOUTS[4], GLUON_LAYOUTS[1]], ids=str)
-@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"],
-                                 dict(FUSED["coop_n128_s4"], zero_cols=256)], ids=["pingpong", "coop", "coop_zero256"])
+@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"]], ids=["pingpong", "coop"])
 def test_fused_zeroes_the_tail_of_another_tensor(layout, cfg):
     """``tail_out`` (the experts op's ``out``, zeroed by the fused GEMM's producer while it computes):
     its tail rows come back zero, in all its columns (520: not a multiple of the block); its live
@@ -160,7 +154,7 @@ def test_public_ops_through_the_power_bound_configs():
     import moonep_ops
 
     layout = _padded("down_k2048", (100, 0, 130, 250), 128, extra_tail=300, k=4104, n=2048)
-    assert configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).block_n == 256
+    assert gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).block_n == 256
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
     ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
@@ -168,7 +162,7 @@ def test_public_ops_through_the_power_bound_configs():
     assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
 
     layout = Layout("wide_fused", (3000, 0, 128, 7), 40960, k=256, n=320)
-    assert not configs.gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True).pingpong
+    assert not gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True).pingpong
     x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = moonep_ops.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
     ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
@@ -238,9 +232,9 @@ def test_idle_upper_halves_are_skipped_exactly_where_they_should(name):
             _launch(x, w_gate, cu, out, w_up=w_up, rw=rw, zero_tail=True, skip_idle_half=skip, **cfg)
             ref = grouped_gemm_silu_mul_ref(clean, w_gate, w_up, rw, cu)
         else:
-            from moonep_ops.kernels import gluon_grouped_gemm
+            from moonep_ops.kernels.gluon import host
 
-            gluon_grouped_gemm.launch(x, w_gate, cu, out, 132, idle_weights=rw, skip_idle_half=skip, **cfg)
+            host.launch(x, w_gate, cu, out, 132, idle_weights=rw, skip_idle_half=skip, **cfg)
             torch.cuda.synchronize()
             ref = grouped_gemm_ref(clean, w_gate, cu)
         live = (rw != 0) & ~torch.isnan(rw)
@@ -255,17 +249,6 @@ def test_idle_upper_halves_are_skipped_exactly_where_they_should(name):
     live = ~idle[:, 0]
     live[layout.total:] = False
     assert torch.equal(outs[True][live], outs[False][live]), "the skip changed a live row"
-
-
-def test_stacked_tiles_do_not_skip():
-    """The stacked probe candidate keeps its one code path: every row computed."""
-    layout, rw, _ = _idle_problem(n=128)
-    x, w_gate, w_up, _, cu, _ = experts_inputs(layout, torch.bfloat16, "cuda")
-    idle = rw == 0
-    x = x.masked_fill(idle[:, None], float("nan"))
-    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _launch(x, w_gate, cu, out, w_up=w_up, rw=rw, zero_tail=True, **FUSED["coop_n128_stacked"])
-    assert torch.isnan(out[:layout.total][idle[:layout.total]]).all()
 
 
 def _zero_padding_weights(layout, rw):
@@ -289,9 +272,9 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
     # NvS 16384, where the down GEMM also has a split epilogue (four stages)
     for extra_tail, split in ((300, False), (13312 - 768, False), (16384 - 768, True)):
         layout = _padded("padded_rw0", (100, 0, 130, 250, 65), 128, extra_tail=extra_tail, k=4096, n=2048)
-        cfg = configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False)
+        cfg = gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False)
         assert cfg.skip_idle_half and (cfg.epilogue_n == 128) == split
-        fused_cfg = configs.gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
+        fused_cfg = gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
         assert fused_cfg.skip_idle_half == fused_cfg.handoff == (layout.nvs == 13312)
         x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
         rw = _zero_padding_weights(layout, rw)
@@ -303,9 +286,9 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
         assert torch.equal(out[:layout.total][pad], torch.zeros_like(out[:layout.total][pad]))
 
     layout = _padded("wide_fused_rw0", (3000, 0, 100, 7), 128, extra_tail=40960 - 3328, k=256, n=320)
-    cfg = configs.gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
+    cfg = gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
     assert cfg.skip_idle_half and cfg.takes_out_tail
-    assert configs.gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).skip_idle_half  # its down GEMM
+    assert gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).skip_idle_half  # its down GEMM
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     rw = _zero_padding_weights(layout, rw)
     pad = rw[:layout.total] == 0

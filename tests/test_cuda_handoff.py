@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import moonep_ops
-from moonep_ops.kernels import cuda
-from moonep_ops.kernels import triton_grouped_gemm as gemm
+from moonep_ops.kernels.cuda import experts
+from moonep_ops.kernels.pdl import PdlRole
 from .layouts import experts_inputs
 from .reference import TOLERANCE, experts_ref, rel_err
 from .test_cuda_capture import _capture, _copy_into
@@ -50,34 +50,36 @@ def _real_row_tiles(cu, block_m=128):
     return int(((sizes + block_m - 1) // block_m).sum())
 
 
-def _launch_pair(gg, x, w_gate, w_up, w_down, rw, cu, act, out, fused_cfg, down_cfg, takes_tail, sched=None,
-                 target=0, pdl=True):
+def _launch_pair(gg, x, w_gate, w_up, w_down, rw, cu, act, out, fused_cfg, down_cfg, takes_tail, handoff=None,
+                 use_pdl=True):
     act.fill_(float("nan"))
     gg.launch(x, w_gate, cu, act, PROGRAMS, w_up=w_up, route_weights=rw, zero_tail=False,
-              pdl="primary" if pdl else "", tail_out=out if takes_tail else None, sched=sched, **fused_cfg)
-    gg.launch(act, w_down, cu, out, PROGRAMS, pdl="dependent" if pdl else "", idle_weights=rw,
-              zero_tail=not takes_tail, sched=sched, flag_target=target, **down_cfg)
+              role=PdlRole.PRIMARY if use_pdl else PdlRole.NONE, tail_out=out if takes_tail else None, handoff=handoff,
+              **fused_cfg)
+    gg.launch(act, w_down, cu, out, PROGRAMS, role=PdlRole.DEPENDENT if use_pdl else PdlRole.NONE, idle_weights=rw,
+              zero_tail=not takes_tail, handoff=handoff, **down_cfg)
 
 
 @pytest.mark.parametrize("layout", [SKEWED, MANY_GROUPS], ids=lambda lay: lay.name)
 @pytest.mark.parametrize("pair", PAIRS.values(), ids=PAIRS.keys())
 def test_row_tile_handoff(pair, layout, repeats=20):
-    from moonep_ops.kernels import gluon_grouped_gemm as gg
-    from moonep_ops.kernels.configs import GluonConfig
+    from moonep_ops.kernels.gluon import host as gg
+    from moonep_ops.kernels.gluon.config import GluonConfig
 
     fused_cfg, down_cfg, takes_tail = pair
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
     out = torch.full((layout.nvs, layout.k), float("nan"), dtype=torch.bfloat16, device="cuda")
     target = gg.flag_target(GluonConfig(**fused_cfg), layout.n)
-    _launch_pair(gg, x, w_gate, w_up, w_down, rw, cu, act, out, fused_cfg, down_cfg, takes_tail, pdl=False)
+    _launch_pair(gg, x, w_gate, w_up, w_down, rw, cu, act, out, fused_cfg, down_cfg, takes_tail, use_pdl=False)
     plain = out.clone()
     real = _real_row_tiles(cu)
     items = real * -(-layout.k // GluonConfig(**down_cfg).block_n)
     for _ in range(repeats):  # a race shows up in some runs only: give it many chances
         out.fill_(float("nan"))
-        sched = gg.handoff_buffer(layout.nvs, w_gate.shape[0], 128, "cuda")
-        _launch_pair(gg, x, w_gate, w_up, w_down, rw, cu, act, out, fused_cfg, down_cfg, takes_tail, sched, target)
+        sched = gg.handoff_state(layout.nvs, w_gate.shape[0], 128, "cuda")
+        _launch_pair(gg, x, w_gate, w_up, w_down, rw, cu, act, out, fused_cfg, down_cfg, takes_tail,
+                     gg.Handoff(sched, target))
         torch.cuda.synchronize()
         assert not torch.isnan(out).any(), "the down GEMM read a row tile of act before it was signalled"
         assert torch.equal(out, plain), "the handoff changed the result"
@@ -92,18 +94,18 @@ def test_row_tile_handoff(pair, layout, repeats=20):
 def test_flags_that_never_fill_fall_back_to_the_grid_wait():
     """The fused GEMM launched without the handoff: the down GEMM polls a bounded number of times
     per call, then waits for the whole fused grid: the right result, no hang."""
-    from moonep_ops.kernels import gluon_grouped_gemm as gg
+    from moonep_ops.kernels.gluon import host as gg
 
     layout = SKEWED
     fused_cfg, down_cfg, _ = PAIRS["coop_idle_half_out_tail"]
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = torch.full((layout.nvs, layout.k), float("nan"), dtype=torch.bfloat16, device="cuda")
-    sched = gg.handoff_buffer(layout.nvs, w_gate.shape[0], 128, "cuda")
-    gg.launch(x, w_gate, cu, act, PROGRAMS, w_up=w_up, route_weights=rw, zero_tail=False, pdl="primary",
+    sched = gg.handoff_state(layout.nvs, w_gate.shape[0], 128, "cuda")
+    gg.launch(x, w_gate, cu, act, PROGRAMS, w_up=w_up, route_weights=rw, zero_tail=False, role=PdlRole.PRIMARY,
               **fused_cfg)
-    gg.launch(act, w_down, cu, out, PROGRAMS, pdl="dependent", idle_weights=rw, sched=sched, flag_target=1,
-              **down_cfg)
+    gg.launch(act, w_down, cu, out, PROGRAMS, role=PdlRole.DEPENDENT, idle_weights=rw,
+              handoff=gg.Handoff(sched, flag_target=1), **down_cfg)
     torch.cuda.synchronize()
     assert not sched[1:].any()
     assert not torch.isnan(out).any()
@@ -112,22 +114,22 @@ def test_flags_that_never_fill_fall_back_to_the_grid_wait():
 
 
 def test_handoff_needs_a_pdl_pair():
-    from moonep_ops.kernels import gluon_grouped_gemm as gg
+    from moonep_ops.kernels.gluon import host as gg
 
     layout = SKEWED
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
-    sched = gg.handoff_buffer(layout.nvs, w_gate.shape[0], 128, "cuda")
+    sched = gg.handoff_state(layout.nvs, w_gate.shape[0], 128, "cuda")
     with pytest.raises(ValueError, match="between a PDL primary and its dependent"):
-        gg.launch(x, w_gate, cu, act, PROGRAMS, sched=sched)
+        gg.launch(x, w_gate, cu, act, PROGRAMS, handoff=gg.Handoff(sched))
 
 
 @pytest.mark.parametrize("pair", ["coop_idle_half_out_tail", "pingpong_idle_half_producer_tail"])
 def test_experts_op_handoff_route(monkeypatch, pair):
     """The op's route with a table that asks for the handoff: no host sync, and a CUDA graph
     replayed with fresh routing."""
-    from moonep_ops.kernels import configs as cfgs
-    from moonep_ops.kernels import gluon_grouped_gemm as gg
+    from moonep_ops.kernels.gluon import config as cfgs
+    from moonep_ops.kernels.gluon import host as gg
 
     fused_over, down_over, takes_tail = PAIRS[pair]
     table = cfgs.gluon_gemm_config
@@ -139,12 +141,12 @@ def test_experts_op_handoff_route(monkeypatch, pair):
 
     monkeypatch.setattr(cfgs, "gluon_gemm_config", with_handoff)
     monkeypatch.setattr(gg, "_PLANS", {})
-    monkeypatch.setattr(cuda, "_HANDOFF", {})
+    monkeypatch.setattr(experts, "_FLAG_TARGETS", {})
     layout = SKEWED
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     buffers = []
-    real_buffer = gg.handoff_buffer
-    monkeypatch.setattr(gg, "handoff_buffer", lambda *a: buffers.append(real_buffer(*a)) or buffers[-1])
+    real_state = gg.handoff_state
+    monkeypatch.setattr(gg, "handoff_state", lambda *a: buffers.append(real_state(*a)) or buffers[-1])
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -8,8 +8,8 @@ graph reads. Each step's replayed output must be bitwise equal to an eager call 
 buffers, with exactly-zero tail rows; every 100 steps it is also checked against the float64
 references (per row and per token, after combine).
 
-The rig itself (routing, dispatch, references) also runs eagerly on CPU in CI, so the CUDA
-test the lead runs on the H200 is not its first run.
+The rig itself (routing, dispatch, references) also runs eagerly on CPU in CI, so a mistake in
+the rig shows up before the GPU run.
 """
 
 import os

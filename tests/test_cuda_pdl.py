@@ -13,9 +13,11 @@ import pytest
 import torch
 
 import moonep_ops
-from moonep_ops.kernels import cuda
-from moonep_ops.kernels import triton_grouped_gemm as gemm
-from moonep_ops.kernels.cuda import _choose_fused, _choose_plain
+from moonep_ops import flags
+from moonep_ops.kernels.cuda import paths
+from moonep_ops.kernels.cuda.paths import choose_fused, choose_unfused
+from moonep_ops.kernels.pdl import PdlRole
+from moonep_ops.kernels.triton import grouped_gemm as gemm
 from .layouts import Layout, experts_inputs
 from .reference import TOLERANCE, experts_ref, rel_err
 from .test_cuda_capture import _capture, _copy_into
@@ -24,8 +26,8 @@ pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 # Whether the ops' route takes the Gluon kernels here (sm90, bf16, TMA-aligned operands).
-GLUON = (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and cuda._gluon_importable()
-         and cuda.gluon_allowed() and not cuda.portable_only())
+GLUON = (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+         and paths.gluon_host() is not None and flags.gluon() and not flags.portable_only())
 
 # One long segment next to many short ones: the programs of the long one finish last. H and I
 # are TMA-aligned, so on Hopper both GEMMs take the TMA path, and the pair uses PDL.
@@ -40,18 +42,42 @@ MANY_GROUPS = Layout("pdl_g1100", tuple((i % 3) * 16 for i in range(1100)), 1100
                      padded_to=1)
 
 
-def _pair(x, w_gate, w_up, w_down, rw, cu, act, out, pdl=True, kernels="triton"):
+def _ran_on_gluon(call) -> bool:
+    """Runs ``call()`` (one GEMM through :mod:`moonep_ops.kernels.cuda.paths`); returns whether the
+    Gluon kernel took it (the Gluon host ran and did not decline the operands)."""
+    host = paths.gluon_host()
+    if host is None:
+        call()
+        return False
+    results = []
+    real_run = host.run
+
+    def spy(*args, **kwargs):
+        results.append(real_run(*args, **kwargs))
+        return results[-1]
+
+    host.run = spy
+    try:
+        call()
+    finally:
+        host.run = real_run
+    return len(results) == 1 and results[0] is not host.GluonResult.NOT_APPLICABLE
+
+
+def _pair(x, w_gate, w_up, w_down, rw, cu, act, out, use_pdl=True, kernels="triton"):
     """The pair on the Triton kernels, or (``kernels="ops"``) as the ops route it: on sm90 the
     Gluon kernels, whose dependent down GEMM issues its first weight loads before the wait."""
     act.fill_(float("nan"))
+    primary = PdlRole.PRIMARY if use_pdl else PdlRole.NONE
+    dependent = PdlRole.DEPENDENT if use_pdl else PdlRole.NONE
     if kernels == "ops":
-        on_gluon = (cuda._run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, pdl="primary" if pdl else ""),
-                    cuda._run_plain(act, w_down, cu, out, pdl="dependent" if pdl else ""))
+        on_gluon = (
+            _ran_on_gluon(lambda: paths.run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, role=primary)),
+            _ran_on_gluon(lambda: paths.run_unfused(act, w_down, cu, out, role=dependent)))
         assert all(on_gluon) == GLUON, f"expected the Gluon kernels: {GLUON}, ran on them: {on_gluon}"
         return
-    gemm.run_moe_gemm(x, w_gate, w_up, rw, cu, act, _choose_fused, False, zero_tail=False,
-                      pdl="primary" if pdl else "")
-    gemm.run_moe_gemm(act, w_down, None, None, cu, out, _choose_plain, False, pdl="dependent" if pdl else "")
+    gemm.run(x, w_gate, w_up, rw, cu, act, choose_fused, zero_tail=False, role=primary)
+    gemm.run(act, w_down, None, None, cu, out, choose_unfused, role=dependent)
 
 
 @pytest.mark.parametrize("kernels", ["triton", "ops"])
@@ -62,7 +88,7 @@ def test_dependent_down_gemm_waits_for_the_fused_gemm(layout, kernels):
     out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
     ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
     plain = torch.empty_like(out)
-    _pair(x, w_gate, w_up, w_down, rw, cu, act, plain, pdl=False, kernels=kernels)
+    _pair(x, w_gate, w_up, w_down, rw, cu, act, plain, use_pdl=False, kernels=kernels)
     for _ in range(20):  # a race shows up in some runs only: give it many chances
         out.fill_(float("nan"))
         _pair(x, w_gate, w_up, w_down, rw, cu, act, out, kernels=kernels)
@@ -109,18 +135,19 @@ GLUON_PAIRS = {
 @pytest.mark.parametrize("layout", [SKEWED, IDLE_FIRST], ids=lambda lay: lay.name)
 @pytest.mark.parametrize("configs", GLUON_PAIRS.values(), ids=GLUON_PAIRS.keys())
 def test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(configs, layout):
-    from moonep_ops.kernels import gluon_grouped_gemm as gg
+    from moonep_ops.kernels.gluon import host as gg
 
     fused_cfg, down_cfg = configs
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
 
-    def pair(pdl):
+    def pair(use_pdl):
         act.fill_(float("nan"))
         gg.launch(x, w_gate, cu, act, 132, w_up=w_up, route_weights=rw, zero_tail=False,
-                  pdl="primary" if pdl else "", **fused_cfg)
-        gg.launch(act, w_down, cu, out, 132, pdl="dependent" if pdl else "", idle_weights=rw, **down_cfg)
+                  role=PdlRole.PRIMARY if use_pdl else PdlRole.NONE, **fused_cfg)
+        gg.launch(act, w_down, cu, out, 132, role=PdlRole.DEPENDENT if use_pdl else PdlRole.NONE, idle_weights=rw,
+                  **down_cfg)
 
     pair(False)
     plain = out.clone()
@@ -140,12 +167,12 @@ def test_experts_op_plans_the_pair_as_pdl_on_hopper_only():
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     act = torch.empty(layout.nvs, layout.n, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(layout.nvs, layout.k, dtype=torch.bfloat16, device="cuda")
-    fused = gemm._plan(x, w_gate, w_up, rw, act, *_choose_fused(x, w_gate, w_up), zero_tail=False, pdl="primary")
-    down = gemm._plan(act, w_down, None, None, out, *_choose_plain(act, w_down, None), pdl="dependent")
-    hopper = torch.cuda.get_device_capability() >= (9, 0) and _choose_plain(act, w_down, None)[1]
+    fused = gemm.make_plan(x, w_gate, w_up, rw, act, *choose_fused(x, w_gate, w_up), zero_tail=False,
+                           role=PdlRole.PRIMARY)
+    down = gemm.make_plan(act, w_down, None, None, out, *choose_unfused(act, w_down, None),
+                          role=PdlRole.DEPENDENT)
+    hopper = torch.cuda.get_device_capability() >= (9, 0) and choose_unfused(act, w_down, None)[1]
     assert fused.constexprs["LAUNCH_DEPENDENTS"] is bool(hopper)
     assert down.constexprs["WAIT_PRIOR"] is bool(hopper) and down.launch_pdl is bool(hopper)
     if hopper:  # the first pipeline stages of each weight row: 16-byte multiples
         assert down.constexprs["PREFETCH_BYTES"] > 0 and down.constexprs["PREFETCH_BYTES"] % 16 == 0
-    with pytest.raises(ValueError, match="pdl must be one of"):
-        gemm._plan(act, w_down, None, None, out, *_choose_plain(act, w_down, None), pdl="yes")

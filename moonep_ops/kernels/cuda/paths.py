@@ -99,18 +99,18 @@ def _use_tma(capability, a, *weights) -> bool:
     return hopper_tma(capability, a.dtype) and tma_usable(a, *weights)
 
 
-def choose_unfused(a, w, _w_up, _a2=None):
+def choose_unfused(a, w, _w_up, _a_up=None):
     cap = capability_of(a)
     return configs.gemm_config(w.shape[1], a.shape[1], a.shape[0], a.dtype, cap), _use_tma(cap, a, w)
 
 
-def choose_fused(x, w_gate, w_up, _a2=None):
+def choose_fused(x, w_gate, w_up, _a_up=None):
     cap = capability_of(x)
     return (configs.fused_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], x.dtype, cap),
             _use_tma(cap, x, w_gate, w_up))
 
 
-def choose_dgrad(grad_out, w_t, _w_up, _a2=None):
+def choose_dgrad(grad_out, w_t, _w_up, _a_up=None):
     """``w_t`` is the transposed view ``[G, K, N]`` of the weights: on sm90 TMA reads their storage
     as ``[G*N, K]`` rows when the reduction is a multiple of ``BLOCK_K``."""
     from ..triton.grouped_gemm import tma_usable_kn

@@ -17,7 +17,7 @@ from .. import launch as direct
 from ..pdl import PdlRole
 from ..triton.grouped_gemm import num_row_tiles, num_sms
 from .config import GluonConfig
-from .kernel import grouped_gemm_kernel
+from .kernel import gluon_grouped_gemm_kernel
 
 # Rows per TMA store of the producer's zero buffer (the tail's zeros): small, because the ring
 # already takes nearly all of the shared memory (8 x 128 bf16 is 2 KiB).
@@ -84,7 +84,8 @@ def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
 
 
 def _weights_ptr(a, route_weights, idle_weights):
-    """The kernel's ``rw_ptr``: the route weights, else the idle-row weights, else ``a`` (unused)."""
+    """The kernel's ``row_weights_ptr``: the route weights, else the idle-row weights, else ``a``
+    (unused)."""
     return route_weights if route_weights is not None else a if idle_weights is None else idle_weights
 
 
@@ -104,11 +105,11 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
         raise ValueError("the row-tile handoff is between a PDL primary and its dependent")
     if tail_out is not None and zero_tail:
         raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
-    sched = cu_seqlens if handoff is None else handoff.state
-    return dict(a_desc=descs[0], w_desc=descs[1], u_desc=descs[2], o_desc=descs[3], z_desc=descs[4],
-                ah_desc=descs[5], out_ptr=out, rw_ptr=_weights_ptr(a, route_weights, idle_weights),
-                cu_ptr=cu_seqlens, sched_ptr=sched, G=g, NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
-                Z_N=n if tail_out is None else tail_out.shape[1],
+    return dict(a_desc=descs[0], w_desc=descs[1], w_up_desc=descs[2], out_desc=descs[3], zero_desc=descs[4],
+                a_half_desc=descs[5], out_ptr=out, row_weights_ptr=_weights_ptr(a, route_weights, idle_weights),
+                cu_seqlens_ptr=cu_seqlens, handoff_ptr=cu_seqlens if handoff is None else handoff.state, G=g,
+                NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
+                ZERO_N=n if tail_out is None else tail_out.shape[1],
                 FLAG_TARGET=0 if handoff is None else handoff.flag_target,
                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
                 BLOCK_G=max(16, min(1024, triton.next_power_of_2(g))), GROUP_MAJOR=cfg.group_major,
@@ -117,7 +118,7 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
                 TAIL_BY_PRODUCER=cfg.tail_by_producer or tail_out is not None,
                 LAUNCH_DEPENDENTS=role is PdlRole.PRIMARY, WAIT_PRIOR=role is PdlRole.DEPENDENT,
-                STACKED=False, SKIP_IDLE_HALF=cfg.skip_idle_half,
+                SKIP_IDLE_HALF=cfg.skip_idle_half,
                 SKIP_BY_WEIGHT=route_weights is not None or idle_weights is not None,
                 SIGNAL_ROWS=handoff is not None and role is PdlRole.PRIMARY,
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
@@ -127,7 +128,7 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
 def _compile_and_launch(grid, kwargs, role: PdlRole):
     # (The compiled kernel's metadata keeps launch_pdl: the direct launches use it too.)
     options = {"launch_pdl": True} if role is PdlRole.DEPENDENT else {}
-    return grouped_gemm_kernel[grid](**kwargs, **options)
+    return gluon_grouped_gemm_kernel[grid](**kwargs, **options)
 
 
 def launch(a, w, cu_seqlens, out, num_programs: int, *, w_up=None, route_weights=None, zero_tail=True,
@@ -177,7 +178,7 @@ def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role,
     items = num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1], cfg.block_n)
     grid = (max(1, min(_num_programs(a.device), items)),)
     kernel = _compile_and_launch(grid, kwargs, role)
-    names = grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
+    names = gluon_grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
     geometries = tuple(None if d is None else (list(d.shape), list(d.strides), list(d.block_shape), d.layout)
                        for d in descs)
     result = GluonResult.RAN if tail is None else GluonResult.RAN_AND_ZEROED_TAIL_OUT
@@ -217,8 +218,8 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
     descs = [None if geo is None else _fast_descriptor(t, *geo)
              for t, geo in zip((a, w, w_up_or_w, out, zeroed, a), plan.geometries)]
     g, n, k = w.shape
-    sched = cu_seqlens if handoff is None else handoff.state
+    handoff_state = cu_seqlens if handoff is None else handoff.state
     direct.launch_compiled(plan.kernel, plan.grid,
-                           [*descs, out, rw, cu_seqlens, sched, g, a.shape[0], n, k, out.stride(0), zeroed.shape[1],
-                            0 if handoff is None else handoff.flag_target, *plan.constexprs])
+                           [*descs, out, rw, cu_seqlens, handoff_state, g, a.shape[0], n, k, out.stride(0),
+                            zeroed.shape[1], 0 if handoff is None else handoff.flag_target, *plan.constexprs])
     return plan.result

@@ -1,12 +1,13 @@
-"""The Triton kernel behind every forward grouped GEMM: a persistent, segment-aware GEMM
-with an optional fused SwiGLU epilogue.
+"""The Triton kernel behind every forward grouped GEMM and the dgrads: a persistent,
+segment-aware GEMM with an optional fused SwiGLU epilogue.
 
 - ``FUSED=False``: ``out[seg_g] = a[seg_g] @ w[g].T``.
-- ``DUAL=True``: ``out[seg_g] = a[seg_g] @ w[g].T + a2[seg_g] @ w_up[g].T`` (the dual dgrad).
+- ``DUAL_DGRAD=True``: ``out[seg_g] = a[seg_g] @ w[g].T + a_up[seg_g] @ w_up[g].T`` in one
+  accumulator (the fused GEMM's dgrad: ``a`` and ``a_up`` are the gradients of gate and up).
 - ``FUSED=True``: ``out[seg_g] = silu(a[seg_g] @ w[g].T) * (a[seg_g] @ w_up[g].T) * rw[seg_g]``;
   each ``a`` tile is loaded once for both projections and the activation is applied to the
   fp32 accumulators, so gate and up are never rounded or written.
-- ``FUSED=True, SAVE=True`` (training forward): also writes gate and up (rounded to the
+- ``FUSED=True, SAVE_GATE_UP=True`` (training forward): also writes gate and up (rounded to the
   output dtype) to ``gate_out`` and ``up_out``, and computes the activation from those
   rounded values, so ``out`` is what ``silu_mul_weight(gate_out, up_out)`` gives.
 
@@ -24,18 +25,21 @@ path, ``G <= SMALL_G_MAX`` only) orders the items segment by segment, column til
 fastest: the row tiles that share a weight tile are neighbouring items, so they run at the same
 time and the weight tile is read from DRAM once.
 
-Programmatic dependent launch (Hopper, the ``experts`` op's pair only; see ``_plan``'s ``pdl``):
-the fused GEMM (``LAUNCH_DEPENDENTS``) lets the down GEMM launch at once; the down GEMM's programs
-(``WAIT_PRIOR``) start on the SMs the fused programs leave, scan ``cu_seqlens``, bulk-prefetch
-their first weight tile into L2, and execute ``griddepcontrol.wait`` before any load of ``a``
-(``act``) or any store. Measured −1 to −2% on the memory-bound shapes' whole path.
+Programmatic dependent launch (Hopper, the ``experts`` op's pair only; see :func:`make_plan`'s
+``role``): the fused GEMM (``LAUNCH_DEPENDENTS``) lets the down GEMM launch at once; the down
+GEMM's programs (``WAIT_PRIOR``) start on the SMs the fused programs leave, scan ``cu_seqlens``,
+bulk-prefetch their first weight tile into L2, and execute ``griddepcontrol.wait`` before any
+load of ``a`` (``act``) or any store; this takes 1-2% off the memory-bound shapes' whole path.
 
-Loads. Portable path: masked pointer loads (sm80+, any strides, any K). Hopper path
-(``USE_TMA``): tensor-memory-accelerator descriptors for ``a`` and ``w`` (rows past a segment's
-end are loaded but never stored: GEMM rows are independent); ``W_KN``: the weights are the
-transposed view of ``[G, K, N]`` storage (the dgrad), read as ``[G*K, N]`` rows. Stores are
-masked to the segment, so one segment's tile never writes another's rows; with ``TMA_STORE``
-a tile wholly inside its segment is stored by TMA instead (whole, or in two column halves).
+Main loops, one per operand layout: :func:`_mainloop_tma` (``USE_TMA``: tensor-memory-accelerator
+descriptors for ``a`` and the K-contiguous weights, read as one ``[G*N, K]`` matrix),
+:func:`_mainloop_tma_transposed` (``W_TRANSPOSED``: the weights are the transposed view of
+``[G, K, N]`` storage, the dgrad's, read as ``[G*K, N]`` rows) and :func:`_mainloop_pointers`
+(portable: masked pointer loads, sm80+, any strides, any K). TMA loads rows past a segment's end,
+which are never stored (GEMM rows are independent). The epilogue (:func:`_epilogue`) applies the
+activation and stores masked to the segment, so one segment's tile never writes another's rows;
+with ``TMA_STORE`` a tile wholly inside its segment is stored by TMA instead (whole, or in two
+column halves).
 
 Safety. Segment ends are clamped to ``[0, NvS]``: invalid ``cu_seqlens`` on CUDA give
 unspecified values, never an out-of-bounds access. Addresses are computed in int64.
@@ -52,7 +56,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import flags
 from ...cache import signature
-from .. import launch
+from .. import launch as direct
 from ..pdl import PdlRole
 from .configs import GemmConfig
 
@@ -106,14 +110,17 @@ def store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_o
 
 
 @triton.jit
-def _zero_tail_item(out_ptr, gate_out_ptr, up_out_ptr, cu_ptr, G, NUM_ROWS, N, j, n_tiles, stride_om, stride_on,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SAVE: tl.constexpr):
+def _zero_tail_item(outs, out_strides, cu_ptr, G, NUM_ROWS, N, j, n_tiles,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SAVE_GATE_UP: tl.constexpr):
     """Tail item ``j`` (row tile ``j // n_tiles``, column tile ``j % n_tiles``): zeros in
-    ``out`` (and in gate and up when saving); rows past NvS (``j`` past the last item) are masked."""
+    ``out`` (and in gate and up when saving); rows past NvS (``j`` past the last item) are masked.
+    ``outs``: the (out, gate_out, up_out) pointers, which share ``out_strides``."""
+    out_ptr, gate_out_ptr, up_out_ptr = outs
+    stride_om, stride_on = out_strides
     cols = (j % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
     zero_tail_tile(out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om, stride_on,
                    BLOCK_M, BLOCK_N)
-    if SAVE:
+    if SAVE_GATE_UP:
         zero_tail_tile(gate_out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om, stride_on,
                        BLOCK_M, BLOCK_N)
         zero_tail_tile(up_out_ptr, cu_ptr, G, NUM_ROWS, j // n_tiles, cols, cols < N, stride_om, stride_on,
@@ -121,8 +128,23 @@ def _zero_tail_item(out_ptr, gate_out_ptr, up_out_ptr, cu_ptr, G, NUM_ROWS, N, j
 
 
 @triton.jit
-def _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M: tl.constexpr):
+def _register_schedule(cu_ptr, G, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
+    """All of ``cu_seqlens`` in one block (``G <= BLOCK_G``): the schedule ``(group index,
+    segment starts, segment ends, row tiles, exclusive and inclusive tile prefix sums)``, kept in
+    registers for the whole persistent loop, and the number of real row tiles."""
+    offs_g = tl.arange(0, BLOCK_G)
+    g_ends = tl.load(cu_ptr + offs_g, mask=offs_g < G, other=0)
+    g_starts = tl.load(cu_ptr + offs_g - 1, mask=(offs_g > 0) & (offs_g < G), other=0)
+    g_tiles = tl.cdiv(tl.maximum(g_ends - g_starts, 0), BLOCK_M)
+    g_incl = tl.cumsum(g_tiles, 0)
+    g_excl = g_incl - g_tiles
+    return (offs_g, g_starts, g_ends, g_tiles, g_excl, g_incl), tl.sum(g_tiles, 0)
+
+
+@triton.jit
+def _small_g_segment(t, sched, BLOCK_M: tl.constexpr):
     """Segment of real row tile ``t`` from the in-register schedule: (g, first row, segment end)."""
+    offs_g, g_starts, g_ends, _, g_excl, g_incl = sched
     hit = (g_excl <= t) & (t < g_incl)
     g = tl.sum(tl.where(hit, offs_g, 0), 0)
     row_lo = tl.sum(tl.where(hit, g_starts + (t - g_excl) * BLOCK_M, 0), 0)
@@ -131,11 +153,11 @@ def _small_g_segment(t, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M: tl.co
 
 
 @triton.jit
-def _small_g_item(item, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl, g_incl,
-                  BLOCK_M: tl.constexpr, GROUP_MAJOR: tl.constexpr):
+def _small_g_item(item, n_tiles, sched, BLOCK_M: tl.constexpr, GROUP_MAJOR: tl.constexpr):
     """Work item ``item`` from the in-register schedule: (g, first row, segment end, column tile)."""
     if GROUP_MAJOR:
         # Segment g owns items [excl_g * n_tiles, incl_g * n_tiles): column tile, then row tile.
+        offs_g, g_starts, g_ends, g_tiles, g_excl, g_incl = sched
         hit = (g_excl * n_tiles <= item) & (item < g_incl * n_tiles)
         g = tl.sum(tl.where(hit, offs_g, 0), 0)
         local = item - tl.sum(tl.where(hit, g_excl, 0), 0) * n_tiles
@@ -145,7 +167,20 @@ def _small_g_item(item, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl, g_in
         pid_n = local // count
     else:
         pid_n = item % n_tiles
-        g, row_lo, seg_end = _small_g_segment(item // n_tiles, offs_g, g_starts, g_ends, g_excl, g_incl, BLOCK_M)
+        g, row_lo, seg_end = _small_g_segment(item // n_tiles, sched, BLOCK_M)
+    return g, row_lo, seg_end, pid_n
+
+
+@triton.jit
+def _work_item(item, n_tiles, cu_ptr, G, sched, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
+               SMALL_G: tl.constexpr, GROUP_MAJOR: tl.constexpr):
+    """The tile of work item ``item``: (g, first row, segment end, column tile), from the
+    in-register schedule (``SMALL_G``) or a scan of ``cu_seqlens`` (``sched`` is None then)."""
+    if SMALL_G:
+        g, row_lo, seg_end, pid_n = _small_g_item(item, n_tiles, sched, BLOCK_M, GROUP_MAJOR)
+    else:
+        pid_n = item % n_tiles
+        g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, item // n_tiles, BLOCK_M, BLOCK_G)
     return g, row_lo, seg_end, pid_n
 
 
@@ -160,17 +195,156 @@ def _prefetch_rows_l2(ptr, row0, row_end, stride_row, BLOCK_N: tl.constexpr, NBY
 
 
 @triton.jit
-def _moe_gemm_kernel(
-    a_ptr, w_ptr, u_ptr, a2_ptr, rw_ptr, out_ptr, gate_out_ptr, up_out_ptr, cu_ptr,
-    a_desc, w_desc, u_desc, a2_desc, o_desc,
+def _mainloop_tma(a_desc, w_desc, w_up_desc, a_up_desc, tile, N, K,
+                  FUSED: tl.constexpr, DUAL_DGRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """TMA loads, K-contiguous weights: ``w[g]`` (and ``w_up[g]``) read as rows ``g*N + ...`` of
+    one ``[G*N, K]`` matrix. Returns the accumulators of ``w`` (and of ``w_up``, FUSED)."""
+    g, row_lo, _, pid_n = tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    w_row = g * N + pid_n * BLOCK_N
+    for k0 in range(0, K, BLOCK_K):
+        a = a_desc.load([row_lo, k0])
+        acc = tl.dot(a, w_desc.load([w_row, k0]).T, acc, input_precision=PRECISION)
+        if FUSED:
+            acc_up = tl.dot(a, w_up_desc.load([w_row, k0]).T, acc_up, input_precision=PRECISION)
+    if DUAL_DGRAD:
+        for k0 in range(0, K, BLOCK_K):
+            a_up = a_up_desc.load([row_lo, k0])
+            acc = tl.dot(a_up, w_up_desc.load([w_row, k0]).T, acc, input_precision=PRECISION)
+    return acc, acc_up
+
+
+@triton.jit
+def _mainloop_tma_transposed(a_desc, w_desc, w_up_desc, a_up_desc, tile, K, DUAL_DGRAD: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             PRECISION: tl.constexpr):
+    """TMA loads, weights stored ``[K, N]`` per group (the dgrad's transposed view of
+    ``[G, N', K']`` weights): the descriptor reads them as one ``[G*K, N]`` matrix. ``K %
+    BLOCK_K == 0`` (the plan checks), so a tile never reaches into the next group's rows."""
+    g, row_lo, _, pid_n = tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = a_desc.load([row_lo, k0])
+        acc = tl.dot(a, w_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
+    if DUAL_DGRAD:  # + a_up[seg] @ w_up[g] into the same accumulator
+        for k0 in range(0, K, BLOCK_K):
+            a_up = a_up_desc.load([row_lo, k0])
+            acc = tl.dot(a_up, w_up_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _mainloop_pointers(a_view, w_view, w_up_view, a_up_ptr, tile, NUM_ROWS, N, K,
+                       FUSED: tl.constexpr, DUAL_DGRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """Masked pointer loads (sm80+, any strides, any K). ``a_view``: ``a``'s (pointer, row
+    stride, K stride), which ``a_up`` shares (the plan checks); ``w_view``, ``w_up_view``:
+    (pointer, group, row and K strides). Returns the accumulators of ``w`` (and of ``w_up``, FUSED)."""
+    a_ptr, stride_am, stride_ak = a_view
+    w_ptr, stride_wg, stride_wn, stride_wk = w_view
+    w_up_ptr, stride_w_up_g, stride_w_up_n, stride_w_up_k = w_up_view
+    g, row_lo, seg_end, pid_n = tile
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    rows = row_lo + tl.arange(0, BLOCK_M)
+    row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    g64 = g.to(tl.int64)
+    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+    w_ptrs = (w_ptr + g64 * stride_wg + cols[None, :].to(tl.int64) * stride_wn
+              + offs_k[:, None].to(tl.int64) * stride_wk)
+    w_up_ptrs = (w_up_ptr + g64 * stride_w_up_g + cols[None, :].to(tl.int64) * stride_w_up_n
+                 + offs_k[:, None].to(tl.int64) * stride_w_up_k)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = (offs_k + k0) < K
+        w_mask = k_mask[:, None] & col_mask[None, :]
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        acc = tl.dot(a, tl.load(w_ptrs, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
+        if FUSED:
+            acc_up = tl.dot(a, tl.load(w_up_ptrs, mask=w_mask, other=0.0), acc_up, input_precision=PRECISION)
+            w_up_ptrs += BLOCK_K * stride_w_up_k
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    if DUAL_DGRAD:
+        a_up_ptrs = (a_up_ptr + rows[:, None].to(tl.int64) * stride_am
+                     + offs_k[None, :].to(tl.int64) * stride_ak)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = (offs_k + k0) < K
+            a_up = tl.load(a_up_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            w_up = tl.load(w_up_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+            acc = tl.dot(a_up, w_up, acc, input_precision=PRECISION)
+            a_up_ptrs += BLOCK_K * stride_ak
+            w_up_ptrs += BLOCK_K * stride_w_up_k
+    return acc, acc_up
+
+
+@triton.jit
+def _swiglu(gate, up, gate_out_ptr, up_out_ptr, rw_ptr, rows, cols, row_mask, col_mask, stride_om, stride_on,
+            HAS_WEIGHTS: tl.constexpr, SAVE_GATE_UP: tl.constexpr):
+    """``silu(gate) * up * rw`` in fp32; with ``SAVE_GATE_UP``, gate and up are first rounded to
+    the output dtype and stored (``gate_out`` and ``up_out`` share ``out``'s strides: the plan
+    checks), and the activation is computed from the rounded values."""
+    if SAVE_GATE_UP:
+        gate_r = gate.to(gate_out_ptr.dtype.element_ty)
+        up_r = up.to(gate_out_ptr.dtype.element_ty)
+        store_tile(gate_out_ptr, gate_r, rows, cols, row_mask, col_mask, stride_om, stride_on)
+        store_tile(up_out_ptr, up_r, rows, cols, row_mask, col_mask, stride_om, stride_on)
+        gate = gate_r.to(tl.float32)
+        up = up_r.to(tl.float32)
+    act = gate * tl.sigmoid(gate) * up
+    if HAS_WEIGHTS:
+        act = act * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    return act
+
+
+@triton.jit
+def _epilogue(acc, acc_up, tile, outs, o_desc, out_strides, rw_ptr, NUM_ROWS, N,
+              FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, SAVE_GATE_UP: tl.constexpr, TMA_STORE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The activation (FUSED) and the stores of ``tile``. ``outs``: the (out, gate_out, up_out)
+    pointers, which share ``out_strides``; ``o_desc``: ``out``'s TMA descriptor (``TMA_STORE``)."""
+    _, row_lo, seg_end, pid_n = tile
+    out_ptr, gate_out_ptr, up_out_ptr = outs
+    stride_om, stride_on = out_strides
+    rows = row_lo + tl.arange(0, BLOCK_M)
+    row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if FUSED:
+        acc = _swiglu(acc, acc_up, gate_out_ptr, up_out_ptr, rw_ptr, rows, cols, row_mask, col_mask,
+                      stride_om, stride_on, HAS_WEIGHTS, SAVE_GATE_UP)
+    res = acc.to(out_ptr.dtype.element_ty)
+    if TMA_STORE > 0:
+        if (row_lo >= 0) & (row_lo + BLOCK_M <= seg_end):
+            # A tile wholly inside its segment: TMA store (clipped at NvS and N by the descriptor).
+            if TMA_STORE == 2:
+                halves = tl.split(tl.permute(tl.reshape(res, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+                o_desc.store([row_lo, pid_n * BLOCK_N], halves[0])
+                o_desc.store([row_lo, pid_n * BLOCK_N + BLOCK_N // 2], halves[1])
+            else:
+                o_desc.store([row_lo, pid_n * BLOCK_N], res)
+        else:
+            store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on)
+    else:
+        store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on)
+
+
+@triton.jit
+def grouped_gemm_kernel(
+    a_ptr, w_ptr, w_up_ptr, a_up_ptr, rw_ptr, out_ptr, gate_out_ptr, up_out_ptr, cu_ptr,
+    a_desc, w_desc, w_up_desc, a_up_desc, o_desc,
     G, NUM_ROWS, N, K,
-    stride_am, stride_ak, stride_wg, stride_wn, stride_wk, stride_ug, stride_un, stride_uk,
+    stride_am, stride_ak, stride_wg, stride_wn, stride_wk, stride_w_up_g, stride_w_up_n, stride_w_up_k,
     stride_om, stride_on,
     FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr, PRECISION: tl.constexpr,
-    W_KN: tl.constexpr = False, FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
-    TMA_STORE: tl.constexpr = 0, DUAL: tl.constexpr = False, SAVE: tl.constexpr = False,
+    W_TRANSPOSED: tl.constexpr = False, FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False,
+    TMA_STORE: tl.constexpr = 0, DUAL_DGRAD: tl.constexpr = False, SAVE_GATE_UP: tl.constexpr = False,
     ZERO_TAIL: tl.constexpr = True, GROUP_MAJOR: tl.constexpr = False,
     LAUNCH_DEPENDENTS: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False, PREFETCH_BYTES: tl.constexpr = 0,
 ):
@@ -180,16 +354,10 @@ def _moe_gemm_kernel(
         gdc_launch_dependents()
     # Totals first: real row tiles (a scan of cu_seqlens) and tail row tiles.
     if SMALL_G:
-        # All of cu_seqlens fits one block: keep the tile prefix sums in registers for the
-        # whole persistent loop, so locating an item's segment is a few reductions, no loads.
-        offs_g = tl.arange(0, BLOCK_G)
-        g_ends = tl.load(cu_ptr + offs_g, mask=offs_g < G, other=0)
-        g_starts = tl.load(cu_ptr + offs_g - 1, mask=(offs_g > 0) & (offs_g < G), other=0)
-        g_tiles = tl.cdiv(tl.maximum(g_ends - g_starts, 0), BLOCK_M)
-        g_incl = tl.cumsum(g_tiles, 0)
-        g_excl = g_incl - g_tiles
-        real_tiles = tl.sum(g_tiles, 0)
+        # Locating an item's segment is then a few reductions, no loads.
+        sched, real_tiles = _register_schedule(cu_ptr, G, BLOCK_M, BLOCK_G)
     else:
+        sched = None
         _, _, _, real_tiles = locate_tile(cu_ptr, G, -1, BLOCK_M, BLOCK_G)
     live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
     tail_tiles = tl.cdiv(NUM_ROWS - live_end, BLOCK_M)
@@ -205,118 +373,37 @@ def _moe_gemm_kernel(
         # any store.
         if PREFETCH_BYTES > 0:
             if pid < real_items:
-                g0, _, _, pid_n0 = _small_g_item(pid, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl, g_incl,
-                                                 BLOCK_M, GROUP_MAJOR)
+                g0, _, _, pid_n0 = _small_g_item(pid, n_tiles, sched, BLOCK_M, GROUP_MAJOR)
                 _prefetch_rows_l2(w_ptr, g0 * N + pid_n0 * BLOCK_N, g0 * N + N, stride_wn, BLOCK_N, PREFETCH_BYTES)
         gdc_wait()
 
-    offs_k = tl.arange(0, BLOCK_K)
+    a_view = (a_ptr, stride_am, stride_ak)
+    w_view = (w_ptr, stride_wg, stride_wn, stride_wk)
+    w_up_view = (w_up_ptr, stride_w_up_g, stride_w_up_n, stride_w_up_k)
+    outs = (out_ptr, gate_out_ptr, up_out_ptr)
+    out_strides = (stride_om, stride_on)
     # Real work items (row tile, column tile), columns fastest (GROUP_MAJOR: see the module
     # docstring). FLATTEN lets the software pipeliner issue the next item's loads under this
     # item's epilogue; the epilogue then re-derives its own item from a second counter
     # (``item_c``), so that it does not depend on values of the loop's prologue.
     item_c = pid - num_progs
     for item in tl.range(pid, real_items, num_progs, flatten=FLATTEN, warp_specialize=WARP_SPEC):
-        if SMALL_G:
-            g, row_lo, seg_end, pid_n = _small_g_item(item, n_tiles, offs_g, g_starts, g_ends, g_tiles, g_excl,
-                                                      g_incl, BLOCK_M, GROUP_MAJOR)
-        else:
-            pid_n = item % n_tiles
-            g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, item // n_tiles, BLOCK_M, BLOCK_G)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if USE_TMA and W_KN:
-            # w[g] is stored [K, N] (the dgrad's transposed view of [G, N', K'] weights): the
-            # descriptor reads it as one [G*K, N] matrix. K % BLOCK_K == 0 (the plan checks), so a
-            # tile never reaches into the next group's rows.
-            for k0 in range(0, K, BLOCK_K):
-                a = a_desc.load([row_lo, k0])
-                acc = tl.dot(a, w_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
-            if DUAL:  # + a2[seg] @ u[g] into the same accumulator (the dual dgrad)
-                for k0 in range(0, K, BLOCK_K):
-                    a2 = a2_desc.load([row_lo, k0])
-                    acc = tl.dot(a2, u_desc.load([g * K + k0, pid_n * BLOCK_N]), acc, input_precision=PRECISION)
+        tile = _work_item(item, n_tiles, cu_ptr, G, sched, BLOCK_M, BLOCK_G, SMALL_G, GROUP_MAJOR)
+        if USE_TMA and W_TRANSPOSED:
+            acc = _mainloop_tma_transposed(a_desc, w_desc, w_up_desc, a_up_desc, tile, K, DUAL_DGRAD,
+                                           BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+            acc_up = acc  # unused: never FUSED (the plan checks)
         elif USE_TMA:
-            w_row = g * N + pid_n * BLOCK_N
-            for k0 in range(0, K, BLOCK_K):
-                a = a_desc.load([row_lo, k0])
-                acc = tl.dot(a, w_desc.load([w_row, k0]).T, acc, input_precision=PRECISION)
-                if FUSED:
-                    acc_up = tl.dot(a, u_desc.load([w_row, k0]).T, acc_up, input_precision=PRECISION)
-            if DUAL:
-                for k0 in range(0, K, BLOCK_K):
-                    a2 = a2_desc.load([row_lo, k0])
-                    acc = tl.dot(a2, u_desc.load([w_row, k0]).T, acc, input_precision=PRECISION)
+            acc, acc_up = _mainloop_tma(a_desc, w_desc, w_up_desc, a_up_desc, tile, N, K, FUSED, DUAL_DGRAD,
+                                        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         else:
-            rows = row_lo + tl.arange(0, BLOCK_M)
-            row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
-            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            col_mask = cols < N
-            g64 = g.to(tl.int64)
-            a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
-            w_ptrs = (w_ptr + g64 * stride_wg + cols[None, :].to(tl.int64) * stride_wn
-                      + offs_k[:, None].to(tl.int64) * stride_wk)
-            u_ptrs = (u_ptr + g64 * stride_ug + cols[None, :].to(tl.int64) * stride_un
-                      + offs_k[:, None].to(tl.int64) * stride_uk)
-            for k0 in range(0, K, BLOCK_K):
-                k_mask = (offs_k + k0) < K
-                w_mask = k_mask[:, None] & col_mask[None, :]
-                a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                acc = tl.dot(a, tl.load(w_ptrs, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
-                if FUSED:
-                    acc_up = tl.dot(a, tl.load(u_ptrs, mask=w_mask, other=0.0), acc_up,
-                                    input_precision=PRECISION)
-                    u_ptrs += BLOCK_K * stride_uk
-                a_ptrs += BLOCK_K * stride_ak
-                w_ptrs += BLOCK_K * stride_wk
-            if DUAL:  # a2 has a's strides (the plan checks)
-                a2_ptrs = (a2_ptr + rows[:, None].to(tl.int64) * stride_am
-                           + offs_k[None, :].to(tl.int64) * stride_ak)
-                for k0 in range(0, K, BLOCK_K):
-                    k_mask = (offs_k + k0) < K
-                    a2 = tl.load(a2_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                    u = tl.load(u_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-                    acc = tl.dot(a2, u, acc, input_precision=PRECISION)
-                    a2_ptrs += BLOCK_K * stride_ak
-                    u_ptrs += BLOCK_K * stride_uk
-        # Epilogue.
+            acc, acc_up = _mainloop_pointers(a_view, w_view, w_up_view, a_up_ptr, tile, NUM_ROWS, N, K, FUSED,
+                                             DUAL_DGRAD, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         item_c += num_progs
         if FLATTEN:
-            if SMALL_G:
-                g, row_lo, seg_end, pid_n = _small_g_item(item_c, n_tiles, offs_g, g_starts, g_ends, g_tiles,
-                                                          g_excl, g_incl, BLOCK_M, GROUP_MAJOR)
-            else:
-                pid_n = item_c % n_tiles
-                g, row_lo, seg_end, _ = locate_tile(cu_ptr, G, item_c // n_tiles, BLOCK_M, BLOCK_G)
-        rows = row_lo + tl.arange(0, BLOCK_M)
-        row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_mask = cols < N
-        if FUSED:
-            if SAVE:  # gate_out and up_out share out's strides (the plan checks)
-                gate_r = acc.to(out_ptr.dtype.element_ty)
-                up_r = acc_up.to(out_ptr.dtype.element_ty)
-                store_tile(gate_out_ptr, gate_r, rows, cols, row_mask, col_mask, stride_om, stride_on)
-                store_tile(up_out_ptr, up_r, rows, cols, row_mask, col_mask, stride_om, stride_on)
-                acc = gate_r.to(tl.float32)
-                acc_up = up_r.to(tl.float32)
-            acc = acc * tl.sigmoid(acc) * acc_up
-            if HAS_WEIGHTS:
-                acc = acc * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
-        res = acc.to(out_ptr.dtype.element_ty)
-        if TMA_STORE > 0:
-            if (row_lo >= 0) & (row_lo + BLOCK_M <= seg_end):
-                # A tile wholly inside its segment: TMA store (clipped at NvS and N by the descriptor).
-                if TMA_STORE == 2:
-                    halves = tl.split(tl.permute(tl.reshape(res, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-                    o_desc.store([row_lo, pid_n * BLOCK_N], halves[0])
-                    o_desc.store([row_lo, pid_n * BLOCK_N + BLOCK_N // 2], halves[1])
-                else:
-                    o_desc.store([row_lo, pid_n * BLOCK_N], res)
-            else:
-                store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on)
-        else:
-            store_tile(out_ptr, res, rows, cols, row_mask, col_mask, stride_om, stride_on)
+            tile = _work_item(item_c, n_tiles, cu_ptr, G, sched, BLOCK_M, BLOCK_G, SMALL_G, GROUP_MAJOR)
+        _epilogue(acc, acc_up, tile, outs, o_desc, out_strides, rw_ptr, NUM_ROWS, N,
+                  FUSED, HAS_WEIGHTS, SAVE_GATE_UP, TMA_STORE, BLOCK_M, BLOCK_N)
 
     # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
     # ZERO_TAIL=False leaves them unwritten (an intermediate that only segment-aware kernels read).
@@ -324,8 +411,7 @@ def _moe_gemm_kernel(
         tail_items = tail_tiles * n_tiles
         first = (pid - real_items % num_progs + num_progs) % num_progs
         for j in range(first, tail_items, num_progs):
-            _zero_tail_item(out_ptr, gate_out_ptr, up_out_ptr, cu_ptr, G, NUM_ROWS, N, j, n_tiles,
-                            stride_om, stride_on, BLOCK_M, BLOCK_N, SAVE)
+            _zero_tail_item(outs, out_strides, cu_ptr, G, NUM_ROWS, N, j, n_tiles, BLOCK_M, BLOCK_N, SAVE_GATE_UP)
 
 
 def num_row_tiles(num_rows: int, num_groups: int, block_m: int) -> int:
@@ -368,29 +454,29 @@ def tma_usable_kn(a: torch.Tensor, w: torch.Tensor, block_k: int) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
+class Plan:
     """Everything a launch needs that depends on static metadata only."""
     grid: tuple
     ints: tuple  # G, NvS, N, K and the strides, in kernel order
     constexprs: dict
     num_warps: int
     num_stages: int
-    descs: tuple  # (shape, strides, block) of a, w, w_up, a2, out for TMA, or None each
+    descs: tuple  # (shape, strides, block) of a, w, w_up, a_up, out for TMA, or None each
     launch_pdl: bool = False  # launched as a programmatic dependent of the previous kernel
 
-    def args(self, a, w, u, a2, rw, out, gate_out, up_out, cu) -> list:
-        descs = [None if geo is None else launch.tensor_descriptor(t, *geo)
-                 for t, geo in zip((a, w, u, a2, out), self.descs)]
-        return [a, w, u, a2, rw, out, gate_out, up_out, cu, *descs, *self.ints]
+    def args(self, a, w, w_up, a_up, rw, out, gate_out, up_out, cu) -> list:
+        descs = [None if geo is None else direct.tensor_descriptor(t, *geo)
+                 for t, geo in zip((a, w, w_up, a_up, out), self.descs)]
+        return [a, w, w_up, a_up, rw, out, gate_out, up_out, cu, *descs, *self.ints]
 
 
-_FIRST_DESC = 9  # index of the first descriptor in _Plan.args
+_FIRST_DESC = 9  # index of the first descriptor in Plan.args
 
 
-def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=None, saved=None,
-          zero_tail: bool = True, role: PdlRole = PdlRole.NONE) -> _Plan:
-    """``a2`` given: the dual GEMM ``out = a @ w[g].T + a2 @ w_up[g].T`` (``a2`` with ``a``'s
-    shape and strides); else ``w_up`` given: the fused SwiGLU GEMM, which with ``saved =
+def make_plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a_up=None, saved=None,
+              zero_tail: bool = True, role: PdlRole = PdlRole.NONE) -> Plan:
+    """``a_up`` given: the dual dgrad ``out = a @ w[g].T + a_up @ w_up[g].T`` (``a_up`` with
+    ``a``'s shape and strides); else ``w_up`` given: the fused SwiGLU GEMM, which with ``saved =
     (gate_out, up_out)`` (``out``'s shape, dtype and strides) also writes gate and up.
 
     ``role`` (Hopper TMA path only, else ignored; :mod:`..pdl`): a dependent, launched early, scans
@@ -412,46 +498,46 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
         programs *= cfg.programs_per_sm
     else:
         programs = 4  # interpreter: a few programs, so the persistent loop is exercised
-    u = w if w_up is None else w_up
-    dual = a2 is not None
-    if dual and (w_up is None or a2.shape != a.shape or a2.stride() != a.stride() or u.shape != w.shape
-                 or u.stride() != w.stride()):
-        raise ValueError("dual GEMM: a2 needs a's shape and strides, w_up w's")
+    w_up_arg = w if w_up is None else w_up
+    dual = a_up is not None
+    if dual and (w_up is None or a_up.shape != a.shape or a_up.stride() != a.stride() or w_up.shape != w.shape
+                 or w_up.stride() != w.stride()):
+        raise ValueError("dual GEMM: a_up needs a's shape and strides, w_up w's")
     if saved is not None and (w_up is None or dual or any(
             t.shape != out.shape or t.stride() != out.stride() or t.dtype != out.dtype for t in saved)):
         raise ValueError("saving gate and up needs the fused GEMM and two outputs like out")
     a_geo = ([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
     descs = (None,) * 5
-    w_kn = use_tma and is_kn_view(w)
-    if w_kn:
+    w_transposed = use_tma and is_kn_view(w)
+    if w_transposed:
         if (w_up is not None and not dual) or not tma_usable_kn(a, w, cfg.block_k) or (
-                dual and not tma_usable_kn(a2, u, cfg.block_k)):
+                dual and not tma_usable_kn(a_up, w_up_arg, cfg.block_k)):
             raise ValueError("TMA on transposed weights needs a plain or dual GEMM, aligned storage "
                              "and K % BLOCK_K == 0")
         w_geo = ([g * k, n], [w.stride(2), 1], [cfg.block_k, cfg.block_n])
         descs = (a_geo, w_geo, w_geo, a_geo if dual else None, None)
     elif use_tma:
         descs = (a_geo, ([g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k]),
-                 ([g * n, k], [u.stride(1), 1], [cfg.block_n, cfg.block_k]), a_geo if dual else None, None)
+                 ([g * n, k], [w_up_arg.stride(1), 1], [cfg.block_n, cfg.block_k]), a_geo if dual else None, None)
     tma_store = cfg.tma_store if use_tma and tma_addressable(out) else 0
     if tma_store:
         descs = descs[:4] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // tma_store]),)
     small_g = g <= SMALL_G_MAX
     prefetch = 0
-    if role is PdlRole.DEPENDENT and small_g and not w_kn:
+    if role is PdlRole.DEPENDENT and small_g and not w_transposed:
         # What the pipeline's first stages read of each weight row (16-byte multiples: TMA).
         prefetch = min(k, cfg.block_k * cfg.num_stages) * w.element_size()
-    return _Plan(
+    return Plan(
         grid=(max(1, min(items_bound, programs)),),
         ints=(g, num_rows, n, k, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
-              u.stride(0), u.stride(1), u.stride(2), out.stride(0), out.stride(1)),
+              w_up_arg.stride(0), w_up_arg.stride(1), w_up_arg.stride(2), out.stride(0), out.stride(1)),
         constexprs=dict(FUSED=w_up is not None and not dual, HAS_WEIGHTS=route_weights is not None, USE_TMA=use_tma,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                         BLOCK_G=max(16, triton.next_power_of_2(g)) if small_g else BLOCK_G,
                         SMALL_G=small_g,
-                        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_KN=w_kn,
-                        FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL=dual,
-                        SAVE=saved is not None, ZERO_TAIL=zero_tail,
+                        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_TRANSPOSED=w_transposed,
+                        FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL_DGRAD=dual,
+                        SAVE_GATE_UP=saved is not None, ZERO_TAIL=zero_tail,
                         GROUP_MAJOR=cfg.group_major and small_g,
                         LAUNCH_DEPENDENTS=role is PdlRole.PRIMARY, WAIT_PRIOR=role is PdlRole.DEPENDENT,
                         PREFETCH_BYTES=prefetch),
@@ -459,79 +545,83 @@ def _plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a2=Non
     )
 
 
-def _launch(plan: _Plan, a, w, w_up, route_weights, cu_seqlens, out, a2=None, saved=None):
-    """Launch through Triton's JIT (compiling on first use); returns the compiled kernel."""
-    u = w if w_up is None else w_up
-    a2 = a if a2 is None else a2
+def _kernel_args(plan: Plan, a, w, w_up, route_weights, cu_seqlens, out, a_up, saved) -> list:
+    """The kernel's runtime arguments: unused operands stand in for the absent ones (``w_up``
+    unless fused or dual, ``a_up`` unless dual, route weights, gate and up unless saved)."""
     gate_out, up_out = (out, out) if saved is None else saved
-    args = plan.args(a, w, u, a2, a if route_weights is None else route_weights, out, gate_out, up_out,
-                     cu_seqlens)
+    return plan.args(a, w, w if w_up is None else w_up, a if a_up is None else a_up,
+                     a if route_weights is None else route_weights, out, gate_out, up_out, cu_seqlens)
+
+
+def _compile_and_launch(plan: Plan, a, w, w_up, route_weights, cu_seqlens, out, a_up=None, saved=None):
+    """Launch through Triton's JIT (compiling on first use); returns the compiled kernel."""
+    args = _kernel_args(plan, a, w, w_up, route_weights, cu_seqlens, out, a_up, saved)
     # The first launch of a plan builds checked descriptors.
     args[_FIRST_DESC:_FIRST_DESC + 5] = [None if geo is None else TensorDescriptor(t, *geo)
-                                         for t, geo in zip((a, w, u, a2, out), plan.descs)]
+                                         for t, geo in zip(args[:4] + [out], plan.descs)]
     options = dict(launch_pdl=True) if plan.launch_pdl else {}
-    return _moe_gemm_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
-                                       num_stages=plan.num_stages, **options)
+    return grouped_gemm_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
+                                          num_stages=plan.num_stages, **options)
 
 
-def launch_moe_gemm(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
-                    out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False, a2=None, saved=None,
-                    zero_tail: bool = True, role: PdlRole = PdlRole.NONE) -> None:
-    """Launch with an explicit config (interpreter tests, tuning sweeps)."""
+def launch(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: torch.Tensor,
+           out: torch.Tensor, cfg: GemmConfig, use_tma: bool = False, a_up=None, saved=None,
+           zero_tail: bool = True, role: PdlRole = PdlRole.NONE) -> None:
+    """Launch with an explicit config (interpreter tests, tuning sweeps); :func:`run` chooses it."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
-    _launch(_plan(a, w, w_up, route_weights, out, cfg, use_tma, a2, saved, zero_tail, role), a, w, w_up,
-            route_weights, cu_seqlens, out, a2, saved)
+    _compile_and_launch(make_plan(a, w, w_up, route_weights, out, cfg, use_tma, a_up, saved, zero_tail, role),
+                        a, w, w_up, route_weights, cu_seqlens, out, a_up, saved)
 
 
 _PLANS: dict = {}
 
 
-def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, a2=None, saved=None, zero_tail: bool = True,
+def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, a_up=None, saved=None, zero_tail: bool = True,
         role: PdlRole = PdlRole.NONE) -> None:
-    """The CUDA ops' entry. ``choose(a, w, w_up, a2) -> (GemmConfig, use_tma)`` (a module-level
+    """The CUDA ops' entry. ``choose(a, w, w_up, a_up) -> (GemmConfig, use_tma)`` (a module-level
     function) runs once per static signature and ``MOONEP_OPS_PORTABLE``; later calls reuse the
     plan and the compiled kernel (:mod:`..launch`)."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
-    u = w if w_up is None else w_up
+    w_up_arg = w if w_up is None else w_up
     rw = a if route_weights is None else route_weights
-    a2_arg = a if a2 is None else a2  # the kernel's a2 argument (unused unless dual)
-    gate_out, up_out = (out, out) if saved is None else saved  # unused unless saving
-    key = (signature(a, w, u, a2_arg, rw, out, gate_out, up_out, cu_seqlens), w_up is None, a2 is None,
+    a_up_arg = a if a_up is None else a_up
+    gate_out, up_out = (out, out) if saved is None else saved
+    key = (signature(a, w, w_up_arg, a_up_arg, rw, out, gate_out, up_out, cu_seqlens), w_up is None, a_up is None,
            route_weights is None, saved is None, choose, flags.portable_only(), zero_tail, role)
     entry = _PLANS.get(key)
     if entry is None:
-        plan = _plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a2), a2, saved, zero_tail, role)
-        kernel = _launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a2, saved)
-        if launch.ENABLED and hasattr(kernel, "run"):
+        plan = make_plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a_up), a_up, saved, zero_tail, role)
+        kernel = _compile_and_launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a_up, saved)
+        if direct.ENABLED and hasattr(kernel, "run"):
             _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
         return
     plan, kernel, constexpr_values = entry
-    args = plan.args(a, w, u, a2_arg, rw, out, gate_out, up_out, cu_seqlens)
-    launch.launch_compiled(kernel, plan.grid, args + constexpr_values)
+    args = plan.args(a, w, w_up_arg, a_up_arg, rw, out, gate_out, up_out, cu_seqlens)
+    direct.launch_compiled(kernel, plan.grid, args + constexpr_values)
 
 
 def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False, zero_tail=True,
                         role: PdlRole = PdlRole.NONE) -> None:
     """``out[seg_g] = a[seg_g] @ w[g].T`` (any strides on the portable path)."""
-    launch_moe_gemm(a, w, None, None, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, role=role)
+    launch(a, w, None, None, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, role=role)
 
 
-def launch_grouped_gemm_dual(a, w, a2, w2, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
-    """``out[seg_g] = a[seg_g] @ w[g].T + a2[seg_g] @ w2[g].T`` in one accumulator (the dual dgrad
-    passes the transposed views of w_gate and w_up)."""
-    launch_moe_gemm(a, w, w2, None, cu_seqlens, out, cfg, use_tma, a2=a2)
+def launch_grouped_gemm_dual(a, w, a_up, w_up, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False) -> None:
+    """``out[seg_g] = a[seg_g] @ w[g].T + a_up[seg_g] @ w_up[g].T`` in one accumulator (the dual
+    dgrad passes the gradients of gate and up and the transposed views of w_gate and w_up)."""
+    launch(a, w, w_up, None, cu_seqlens, out, cfg, use_tma, a_up=a_up)
 
 
 def launch_grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg: GemmConfig,
                                  use_tma: bool = False, zero_tail: bool = True, role: PdlRole = PdlRole.NONE) -> None:
     """``out[seg_g] = silu(x @ w_gate[g].T) * (x @ w_up[g].T) * route_weights`` in one pass
     (``zero_tail=False``: rows past ``cu_seqlens[-1]`` are left unwritten)."""
-    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, role=role)
+    launch(x, w_gate, w_up, route_weights, cu_seqlens, out, cfg, use_tma, zero_tail=zero_tail, role=role)
 
 
 def launch_grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens, act, gate, up,
                                               cfg: GemmConfig, use_tma: bool = False) -> None:
     """The fused GEMM that also writes ``gate`` and ``up`` (rounded); ``act`` is computed from them."""
-    launch_moe_gemm(x, w_gate, w_up, route_weights, cu_seqlens, act, cfg, use_tma, saved=(gate, up))
+    launch(x, w_gate, w_up, route_weights, cu_seqlens, act, cfg, use_tma, saved=(gate, up))

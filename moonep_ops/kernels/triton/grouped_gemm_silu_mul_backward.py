@@ -10,7 +10,7 @@ the forward or here), loads the incoming ``grad`` tile and writes
 and, with route weights, this I tile's share of ``d_rw = sum_i grad * silu(gate) * up`` into
 ``partials[pid_n, rows]``; the caller sums the partials over I tiles (a fixed order: the
 result is deterministic, no atomics). Schedule and tail handling are the forward grouped
-GEMM's (:func:`.triton_grouped_gemm.locate_tile`): tail programs write zeros to all outputs.
+GEMM's (:func:`.grouped_gemm.locate_tile`): tail programs write zeros to all outputs.
 """
 
 import torch
@@ -22,11 +22,11 @@ from .grouped_gemm import BLOCK_G, locate_tile, num_row_tiles, zero_tail_tile
 
 
 @triton.jit
-def _grouped_gemm_silu_mul_backward_kernel(
-    grad_ptr, x_ptr, wg_ptr, wu_ptr, rw_ptr, dg_ptr, du_ptr, part_ptr, cu_ptr,
+def grouped_gemm_silu_mul_backward_kernel(
+    grad_ptr, x_ptr, w_gate_ptr, w_up_ptr, rw_ptr, d_gate_ptr, d_up_ptr, partials_ptr, cu_ptr,
     G, NUM_ROWS, N, K, NUM_ROW_TILES,
     stride_gm, stride_gn, stride_xm, stride_xk, stride_wg, stride_wn, stride_wk,
-    stride_ug, stride_un, stride_uk, stride_om, stride_on, stride_pn,
+    stride_w_up_g, stride_w_up_n, stride_w_up_k, stride_om, stride_on, stride_pn,
     HAS_WEIGHTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr, PRECISION: tl.constexpr,
@@ -45,19 +45,20 @@ def _grouped_gemm_silu_mul_backward_kernel(
         offs_k = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + rows64 * stride_xm + offs_k[None, :].to(tl.int64) * stride_xk
         g64 = g.to(tl.int64)
-        wg_ptrs = wg_ptr + g64 * stride_wg + cols64 * stride_wn + offs_k[:, None].to(tl.int64) * stride_wk
-        wu_ptrs = wu_ptr + g64 * stride_ug + cols64 * stride_un + offs_k[:, None].to(tl.int64) * stride_uk
+        w_gate_ptrs = w_gate_ptr + g64 * stride_wg + cols64 * stride_wn + offs_k[:, None].to(tl.int64) * stride_wk
+        w_up_ptrs = (w_up_ptr + g64 * stride_w_up_g + cols64 * stride_w_up_n
+                     + offs_k[:, None].to(tl.int64) * stride_w_up_k)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k_mask = (offs_k + k0) < K
             x = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             w_mask = k_mask[:, None] & col_mask[None, :]
-            gate = tl.dot(x, tl.load(wg_ptrs, mask=w_mask, other=0.0), gate, input_precision=PRECISION)
-            up = tl.dot(x, tl.load(wu_ptrs, mask=w_mask, other=0.0), up, input_precision=PRECISION)
+            gate = tl.dot(x, tl.load(w_gate_ptrs, mask=w_mask, other=0.0), gate, input_precision=PRECISION)
+            up = tl.dot(x, tl.load(w_up_ptrs, mask=w_mask, other=0.0), up, input_precision=PRECISION)
             x_ptrs += BLOCK_K * stride_xk
-            wg_ptrs += BLOCK_K * stride_wk
-            wu_ptrs += BLOCK_K * stride_uk
+            w_gate_ptrs += BLOCK_K * stride_wk
+            w_up_ptrs += BLOCK_K * stride_w_up_k
         mask = row_mask[:, None] & col_mask[None, :]
         grad = tl.load(grad_ptr + rows64 * stride_gm + cols64 * stride_gn, mask=mask, other=0.0).to(tl.float32)
         sig = tl.sigmoid(gate)
@@ -68,8 +69,8 @@ def _grouped_gemm_silu_mul_backward_kernel(
         d_up = weighted * silu
         d_gate = weighted * up * sig * (1.0 + gate * (1.0 - sig))
         o_off = rows64 * stride_om + cols64 * stride_on
-        tl.store(dg_ptr + o_off, d_gate.to(dg_ptr.dtype.element_ty), mask=mask)
-        tl.store(du_ptr + o_off, d_up.to(du_ptr.dtype.element_ty), mask=mask)
+        tl.store(d_gate_ptr + o_off, d_gate.to(d_gate_ptr.dtype.element_ty), mask=mask)
+        tl.store(d_up_ptr + o_off, d_up.to(d_up_ptr.dtype.element_ty), mask=mask)
         if HAS_WEIGHTS:
             # Row sums as a dot with ones, not tl.sum: Triton's reduction lets every lane of a
             # butterfly write its own (bitwise different) fp32 sum to one shared-memory slot, a
@@ -78,16 +79,16 @@ def _grouped_gemm_silu_mul_backward_kernel(
             ones = tl.full((BLOCK_N, 16), 1.0, dtype=tl.float32)
             part = tl.dot(grad * silu * up, ones, input_precision="ieee")  # every column = the row sum
             c16 = tl.arange(0, 16)
-            tl.store(part_ptr + pid_n.to(tl.int64) * stride_pn + rows[:, None] + c16[None, :] * 0, part,
+            tl.store(partials_ptr + pid_n.to(tl.int64) * stride_pn + rows[:, None] + c16[None, :] * 0, part,
                      mask=row_mask[:, None] & (c16[None, :] == 0))
     else:
         j = t - real_tiles
-        zero_tail_tile(dg_ptr, cu_ptr, G, NUM_ROWS, j, cols, col_mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
-        zero_tail_tile(du_ptr, cu_ptr, G, NUM_ROWS, j, cols, col_mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
+        zero_tail_tile(d_gate_ptr, cu_ptr, G, NUM_ROWS, j, cols, col_mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
+        zero_tail_tile(d_up_ptr, cu_ptr, G, NUM_ROWS, j, cols, col_mask, stride_om, stride_on, BLOCK_M, BLOCK_N)
         if HAS_WEIGHTS:
             tail_lo = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
             rows = tail_lo + j * BLOCK_M + tl.arange(0, BLOCK_M)
-            tl.store(part_ptr + pid_n.to(tl.int64) * stride_pn + rows, tl.zeros((BLOCK_M,), dtype=tl.float32),
+            tl.store(partials_ptr + pid_n.to(tl.int64) * stride_pn + rows, tl.zeros((BLOCK_M,), dtype=tl.float32),
                      mask=(rows < NUM_ROWS) & (rows >= tail_lo))
 
 
@@ -107,7 +108,7 @@ def launch_grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, 
     row_tiles = num_row_tiles(num_rows, g, cfg.block_m)
     grid = (row_tiles * triton.cdiv(n, cfg.block_n),)
     has_weights = route_weights is not None
-    _grouped_gemm_silu_mul_backward_kernel[grid](
+    grouped_gemm_silu_mul_backward_kernel[grid](
         grad, x, w_gate, w_up, route_weights if has_weights else x, d_gate, d_up,
         partials if has_weights else d_gate, cu_seqlens,
         g, num_rows, n, k, row_tiles,

@@ -22,8 +22,8 @@ from .grouped_gemm import tma_addressable
 
 
 @triton.jit
-def _grouped_gemm_wgrad_kernel(
-    grad_ptr, a_ptr, out_ptr, cu_ptr, g_desc, a_desc,
+def grouped_gemm_wgrad_kernel(
+    grad_ptr, a_ptr, out_ptr, cu_ptr, grad_desc, a_desc,
     G, NUM_ROWS, N, K,
     stride_gm, stride_gn, stride_am, stride_ak, stride_og, stride_on, stride_ok,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
@@ -54,18 +54,18 @@ def _grouped_gemm_wgrad_kernel(
         # partial last step, if any, by the masked loads below (rows past the segment must be 0).
         m_first = seg_start + (seg_end - seg_start) // BLOCK_M * BLOCK_M
         for m0 in range(seg_start, m_first, BLOCK_M):
-            g_t = g_desc.load([m0, pid_n * BLOCK_N]).T
-            acc = tl.dot(g_t, a_desc.load([m0, pid_k * BLOCK_K]), acc, input_precision=PRECISION)
+            grad_t = grad_desc.load([m0, pid_n * BLOCK_N]).T
+            acc = tl.dot(grad_t, a_desc.load([m0, pid_k * BLOCK_K]), acc, input_precision=PRECISION)
     for m0 in range(m_first, seg_end, BLOCK_M):
         rows = m0 + offs_m
         row_mask = rows < seg_end
         rows64 = rows.to(tl.int64)
         # grad_out^T tile [BLOCK_N, BLOCK_M], a tile [BLOCK_M, BLOCK_K].
-        g_t = tl.load(grad_ptr + rows64[None, :] * stride_gm + cols_n[:, None].to(tl.int64) * stride_gn,
+        grad_t = tl.load(grad_ptr + rows64[None, :] * stride_gm + cols_n[:, None].to(tl.int64) * stride_gn,
                       mask=n_mask[:, None] & row_mask[None, :], other=0.0)
         a = tl.load(a_ptr + rows64[:, None] * stride_am + cols_k[None, :].to(tl.int64) * stride_ak,
                     mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        acc = tl.dot(g_t, a, acc, input_precision=PRECISION)
+        acc = tl.dot(grad_t, a, acc, input_precision=PRECISION)
     o_ptrs = (out_ptr + g.to(tl.int64) * stride_og + cols_n[:, None].to(tl.int64) * stride_on
               + cols_k[None, :].to(tl.int64) * stride_ok)
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & k_mask[None, :])
@@ -91,7 +91,7 @@ def launch_grouped_gemm_wgrad(grad_out: torch.Tensor, a: torch.Tensor, cu_seqlen
     if use_tma:
         descs = (TensorDescriptor(grad_out, list(grad_out.shape), [grad_out.stride(0), 1], [cfg.block_m, cfg.block_n]),
                  TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.block_m, cfg.block_k]))
-    _grouped_gemm_wgrad_kernel[grid](
+    grouped_gemm_wgrad_kernel[grid](
         grad_out, a, out, cu_seqlens, *descs,
         g, num_rows, n, k,
         grad_out.stride(0), grad_out.stride(1), a.stride(0), a.stride(1),

@@ -14,7 +14,7 @@ from .configs import EltwiseConfig
 
 
 @triton.jit
-def _silu_mul_weight_kernel(
+def silu_mul_weight_kernel(
     gate_ptr, up_ptr, rw_ptr, out_ptr, cu_ptr,
     G, NUM_ROWS, COLS,
     stride_gm, stride_gc, stride_um, stride_uc, stride_om,
@@ -45,7 +45,7 @@ def launch_silu_mul_weight(gate: torch.Tensor, up: torch.Tensor, route_weights, 
         return
     grid = (triton.cdiv(num_rows, cfg.block_rows), triton.cdiv(cols, cfg.block_cols))
     has_weights = route_weights is not None
-    _silu_mul_weight_kernel[grid](
+    silu_mul_weight_kernel[grid](
         gate, up, route_weights if has_weights else gate, out, cu_seqlens,
         cu_seqlens.shape[0], num_rows, cols,
         gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), out.stride(0),
@@ -55,8 +55,8 @@ def launch_silu_mul_weight(gate: torch.Tensor, up: torch.Tensor, route_weights, 
 
 
 @triton.jit
-def _silu_mul_weight_backward_kernel(
-    grad_ptr, gate_ptr, up_ptr, rw_ptr, dg_ptr, du_ptr, drw_ptr, cu_ptr,
+def silu_mul_weight_backward_kernel(
+    grad_ptr, gate_ptr, up_ptr, rw_ptr, d_gate_ptr, d_up_ptr, d_rw_ptr, cu_ptr,
     G, NUM_ROWS, COLS,
     stride_rm, stride_rc, stride_gm, stride_gc, stride_um, stride_uc, stride_om, stride_oc,
     HAS_WEIGHTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -87,9 +87,9 @@ def _silu_mul_weight_backward_kernel(
         d_gate = tl.where(live, weighted * up * sig * (1.0 + gate * (1.0 - sig)), 0.0)
         o_off = rows64 * stride_om + cols64 * stride_oc
         store_mask = in_buffer[:, None] & col_mask[None, :]
-        tl.store(dg_ptr + o_off, d_gate.to(dg_ptr.dtype.element_ty), mask=store_mask)
-        tl.store(du_ptr + o_off, d_up.to(du_ptr.dtype.element_ty), mask=store_mask)
-    tl.store(drw_ptr + rows, tl.where(live_row, d_rw, 0.0), mask=in_buffer)
+        tl.store(d_gate_ptr + o_off, d_gate.to(d_gate_ptr.dtype.element_ty), mask=store_mask)
+        tl.store(d_up_ptr + o_off, d_up.to(d_up_ptr.dtype.element_ty), mask=store_mask)
+    tl.store(d_rw_ptr + rows, tl.where(live_row, d_rw, 0.0), mask=in_buffer)
 
 
 def launch_silu_mul_weight_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, route_weights,
@@ -100,7 +100,7 @@ def launch_silu_mul_weight_backward(grad: torch.Tensor, gate: torch.Tensor, up: 
     if num_rows == 0:
         return
     has_weights = route_weights is not None
-    _silu_mul_weight_backward_kernel[(triton.cdiv(num_rows, cfg.block_rows),)](
+    silu_mul_weight_backward_kernel[(triton.cdiv(num_rows, cfg.block_rows),)](
         grad, gate, up, route_weights if has_weights else gate, d_gate, d_up, d_rw, cu_seqlens,
         cu_seqlens.shape[0], num_rows, cols,
         grad.stride(0), grad.stride(1), gate.stride(0), gate.stride(1), up.stride(0), up.stride(1),

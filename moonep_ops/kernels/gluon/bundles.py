@@ -1,0 +1,176 @@
+"""What the Gluon kernel hands its partitions, bundled (Triton ``@aggregate`` classes).
+
+:class:`Descriptors` (global memory through TMA), :class:`SharedMemory` (the ring, the epilogue
+and zero buffers, the mbarriers), :class:`Problem` (pointers and runtime sizes), and the
+compile-time :class:`Tiling` and :class:`Features`. The constexprs travel as ``gl.constexpr``
+fields of an aggregate: in a tuple variable they would be turned into tensors on assignment.
+
+A worker partition's arguments, flattened field by field, become the ``warp_specialize`` op's
+captures in that order (values that no partition reads are dropped), and the generated code
+follows that order: the consumers take the shared memory first, the producer the descriptors
+first, and reordering fields or arguments changes the machine code, not what it computes.
+"""
+
+from typing import Union
+
+from triton.experimental.gluon import constexpr_function
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.language.core import _aggregate as aggregate
+from triton.language.core import base_value
+
+# A runtime integer, or a constant where Triton specialized the argument (e.g. one equal to 1).
+Int = Union[gl.tensor, gl.constexpr]
+
+
+@constexpr_function
+def _field(value):
+    """A Triton value as given; a constant (unwrapped by ``constexpr_function``) as a constexpr."""
+    return value if isinstance(value, base_value) else gl.constexpr(value)
+
+
+@aggregate
+class Descriptors:
+    """TMA descriptors: ``a`` by row tile and (``HALF_LOADS``) by half a row tile (else None),
+    ``w`` and ``w_up`` as ``[G * N, K]``, the tensor whose tail the producer zeroes by chunk of
+    ``ZERO_ROWS`` rows, ``out`` by epilogue block (the whole tile, or half its columns)."""
+    a: tma.tensor_descriptor
+    a_half: Union[tma.tensor_descriptor, gl.constexpr]
+    w: tma.tensor_descriptor
+    w_up: tma.tensor_descriptor
+    zero: tma.tensor_descriptor
+    out: tma.tensor_descriptor
+
+    @constexpr_function
+    def __init__(self, a, a_half, w, w_up, zero, out):
+        self.a = a
+        self.a_half = _field(a_half)
+        self.w = w
+        self.w_up = w_up
+        self.zero = zero
+        self.out = out
+
+
+@aggregate
+class SharedMemory:
+    """The ring of ``STAGES`` stages (``a``, ``w``, ``w_up`` tiles; ``ready``: a stage's loads
+    landed; ``empty``: the MMAs that read it finished; with ``HANDOFF`` the id of the item a stage
+    starts), one epilogue buffer per consumer, the producer's zero buffer, and the two consumers'
+    ``turn`` barriers. Buffers a config does not use alias another one."""
+    a_bufs: gl.shared_memory_descriptor
+    w_bufs: gl.shared_memory_descriptor
+    w_up_bufs: gl.shared_memory_descriptor
+    out_bufs: gl.shared_memory_descriptor
+    zero_buf: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    turn: gl.shared_memory_descriptor
+    item_ids: gl.shared_memory_descriptor
+
+    @constexpr_function
+    def __init__(self, a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids):
+        self.a_bufs = a_bufs
+        self.w_bufs = w_bufs
+        self.w_up_bufs = w_up_bufs
+        self.out_bufs = out_bufs
+        self.zero_buf = zero_buf
+        self.ready = ready
+        self.empty = empty
+        self.turn = turn
+        self.item_ids = item_ids
+
+
+@aggregate
+class Problem:
+    """Pointers and runtime sizes. ``out_ptr``: the output (masked stores); ``row_weights_ptr``:
+    a weight per row of ``a`` (route weights, or zeros marking idle rows); ``cu_seqlens_ptr``: the
+    segment ends; ``handoff_ptr``: the row-tile handoff's item counter, then one flag per row tile
+    (see :mod:`.sync`). ``real_items``: items of real rows; ``live_end``: the tail's first row;
+    ``tail_items``: the tail's items; ``col_tiles``: column tiles per row tile;
+    ``zero_col_tiles``: column chunks of the tail the producer zeroes."""
+    out_ptr: gl.tensor
+    row_weights_ptr: gl.tensor
+    cu_seqlens_ptr: gl.tensor
+    handoff_ptr: gl.tensor
+    G: Int
+    NUM_ROWS: Int
+    N: Int
+    K: Int
+    stride_om: Int
+    FLAG_TARGET: Int
+    real_items: Int
+    live_end: Int
+    tail_items: Int
+    col_tiles: Int
+    zero_col_tiles: Int
+
+    @constexpr_function
+    def __init__(self, out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
+                 FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles):
+        self.out_ptr = out_ptr
+        self.row_weights_ptr = row_weights_ptr
+        self.cu_seqlens_ptr = cu_seqlens_ptr
+        self.handoff_ptr = handoff_ptr
+        self.G = _field(G)
+        self.NUM_ROWS = _field(NUM_ROWS)
+        self.N = _field(N)
+        self.K = _field(K)
+        self.stride_om = _field(stride_om)
+        self.FLAG_TARGET = _field(FLAG_TARGET)
+        self.real_items = _field(real_items)
+        self.live_end = _field(live_end)
+        self.tail_items = _field(tail_items)
+        self.col_tiles = _field(col_tiles)
+        self.zero_col_tiles = _field(zero_col_tiles)
+
+
+@aggregate
+class Tiling:
+    """Tile shape, ring depth, consumers (2: ping-pong, 1: cooperative) and item order."""
+    BLOCK_M: gl.constexpr
+    BLOCK_N: gl.constexpr
+    BLOCK_K: gl.constexpr
+    STAGES: gl.constexpr
+    CONSUMERS: gl.constexpr
+    GROUP_MAJOR: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR):
+        self.BLOCK_M = _field(BLOCK_M)
+        self.BLOCK_N = _field(BLOCK_N)
+        self.BLOCK_K = _field(BLOCK_K)
+        self.STAGES = _field(STAGES)
+        self.CONSUMERS = _field(CONSUMERS)
+        self.GROUP_MAJOR = _field(GROUP_MAJOR)
+
+
+@aggregate
+class Features:
+    """The kernel's switches (the entry's flags of the same names; ``CONSUMER_TAIL`` and
+    ``PRODUCER_TAIL``: who zeroes the tail rows, if anyone) and the handoff's bound on polls."""
+    FUSED: gl.constexpr
+    HAS_WEIGHTS: gl.constexpr
+    CONSUMER_TAIL: gl.constexpr
+    PRODUCER_TAIL: gl.constexpr
+    SKIP_IDLE_HALF: gl.constexpr
+    SKIP_BY_WEIGHT: gl.constexpr
+    HALF_LOADS: gl.constexpr
+    WAIT_PRIOR: gl.constexpr
+    SIGNAL_ROWS: gl.constexpr
+    HANDOFF: gl.constexpr
+    MAX_POLLS: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, FUSED, HAS_WEIGHTS, CONSUMER_TAIL, PRODUCER_TAIL, SKIP_IDLE_HALF, SKIP_BY_WEIGHT, HALF_LOADS,
+                 WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS):
+        self.FUSED = _field(FUSED)
+        self.HAS_WEIGHTS = _field(HAS_WEIGHTS)
+        self.CONSUMER_TAIL = _field(CONSUMER_TAIL)
+        self.PRODUCER_TAIL = _field(PRODUCER_TAIL)
+        self.SKIP_IDLE_HALF = _field(SKIP_IDLE_HALF)
+        self.SKIP_BY_WEIGHT = _field(SKIP_BY_WEIGHT)
+        self.HALF_LOADS = _field(HALF_LOADS)
+        self.WAIT_PRIOR = _field(WAIT_PRIOR)
+        self.SIGNAL_ROWS = _field(SIGNAL_ROWS)
+        self.HANDOFF = _field(HANDOFF)
+        self.MAX_POLLS = _field(MAX_POLLS)

@@ -1,0 +1,244 @@
+"""The Gluon kernel's consumer partitions: the wgmma main loop over the ring, and the epilogue.
+
+Two schemes (``CONSUMERS``): two warpgroups on alternate items, each owning a whole 128-row tile,
+so that one's epilogue runs under the other's main loop (ping-pong); or both warpgroups on each
+tile, 64 rows each (cooperative). In ping-pong the main loops also take turns explicitly
+(``turn``): a consumer waits for the other one's main loop to end before waiting on its own first
+stage; without that, a consumer could wait on a stage a whole lap of the ring ahead, which a
+parity wait cannot tell from the current lap.
+
+The main loop keeps at most one step's MMAs in flight: once a step's MMAs are issued it waits for
+the previous step's and releases their stage (``empty``) to the producer. The fused SwiGLU GEMM
+(``FUSED``) feeds each ``a`` stage to two accumulators (gate, up) and applies
+``silu(gate) * up * route_weight`` to them in fp32 before the one store of ``act``.
+
+The epilogue goes through shared memory: a tile wholly inside its segment leaves by an
+asynchronous TMA store, waited for only before the buffer is reused; a tile cut by a segment end
+is read back in a coalesced layout and stored with a row mask (faster than stores straight from
+the wgmma register layout). A split epilogue (``out_desc``'s block half the tile's columns) sends
+the tile in two column halves through a half-size buffer, which leaves shared memory for another
+stage of the ring. An idle upper half (:mod:`.schedule`) runs the MMAs on the lower 64 rows, the
+warpgroups splitting the columns instead, and stores zeros above.
+
+The row-tile handoff's writer side (``SIGNAL_ROWS``): a consumer signals the row tile of its
+previous item before its next item's stores, so that no store is waited for early. With
+``HANDOFF`` the item ids arrive with each item's first stage; -1 ends the consumer's items.
+``CONSUMER_TAIL``: the consumers zero the tail rows after their real items.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from .schedule import find_item, idle_half, row_tile
+from .sync import signal_row_tile
+
+
+@gluon.jit
+def _store_rows(out_ptr, vals, rows, cols, row_end, N, stride_om):
+    """``out[rows, cols] = vals`` for rows in ``[0, row_end)`` and columns below ``N`` (``rows`` and
+    ``cols`` in the slices of ``vals``'s layout)."""
+    mask = ((rows >= 0) & (rows < row_end))[:, None] & (cols < N)[None, :]
+    gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], vals, mask=mask)
+
+
+@gluon.jit
+def _flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                WARPS: gl.constexpr):
+    """The staged tile in ``out_buf`` (rows from ``row_lo``, columns from ``col0``) to ``out``: a
+    tile wholly inside its segment by a TMA store (clipped at NvS and N), a tile cut by its
+    segment's end read back in a coalesced layout and stored with a row mask."""
+    if (row_lo >= 0) & (row_lo + BLOCK_M <= end):
+        fence_async_shared()
+        tma.async_copy_shared_to_global(out_desc, [row_lo, col0], out_buf)
+    else:
+        coalesced: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
+        res = out_buf.load(coalesced)
+        rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, coalesced))
+        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, coalesced))
+        _store_rows(problem.out_ptr, res, rows, cols, gl.minimum(end, problem.NUM_ROWS), problem.N, problem.stride_om)
+
+
+@gluon.jit
+def _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0, end, ring_pos, k_steps,
+          ROWS: gl.constexpr, PARITY: gl.constexpr, WARPS: gl.constexpr):
+    """One item: the main loop over the ring from position ``ring_pos``, the fused epilogue, the
+    store. ``ROWS == BLOCK_M / 2``: the upper half is idle, so the MMAs read only the lower half of
+    each ``a`` stage (the warpgroups split the columns instead of the rows) and the upper half is
+    stored as zeros. ``SIGNAL_ROWS``: before its own stores, the item signals the row tile
+    ``pending`` of this consumer's previous item (-1: none), whose stores have had a whole main
+    loop to complete."""
+    BLOCK_M: gl.constexpr = tiling.BLOCK_M
+    BLOCK_N: gl.constexpr = tiling.BLOCK_N
+    STAGES: gl.constexpr = tiling.STAGES
+    FUSED: gl.constexpr = features.FUSED
+    out_desc = descs.out
+    if ROWS == BLOCK_M:
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])
+    else:
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
+                                                             instr_shape=[16, BLOCK_N // (WARPS // 4), 16])
+    acc = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)  # gate (FUSED) or the plain product
+    acc_up = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
+    for k_step in range(k_steps):
+        stage = ring_pos % STAGES
+        mbarrier.wait(smem.ready.index(stage), (ring_pos // STAGES) & 1)
+        if ROWS == BLOCK_M:
+            a_stage = smem.a_bufs.index(stage)
+        else:
+            a_stage = smem.a_bufs.index(stage).slice(0, ROWS)
+        # At most this step's MMAs in flight: the previous step's are done, so its stage can be refilled.
+        acc = warpgroup_mma(a_stage, smem.w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
+        if FUSED:
+            acc_up = warpgroup_mma(a_stage, smem.w_up_bufs.index(stage).permute((1, 0)), acc_up, is_async=True)
+            acc, acc_up = warpgroup_mma_wait(2, deps=(acc, acc_up))
+        else:
+            acc = warpgroup_mma_wait(1, deps=(acc, ))
+        mbarrier.arrive(smem.empty.index((ring_pos + STAGES - 1) % STAGES), count=1, pred=k_step > 0)
+        ring_pos += 1
+    if tiling.CONSUMERS == 2:
+        mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)  # every stage of this item has landed
+    if FUSED:
+        acc, acc_up = warpgroup_mma_wait(0, deps=(acc, acc_up))
+    else:
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(smem.empty.index((ring_pos + STAGES - 1) % STAGES), count=1)
+    if FUSED:  # silu(gate) * up * route weight on the fp32 accumulators
+        acc = acc / (1.0 + gl.exp(-acc)) * acc_up
+        if features.HAS_WEIGHTS:
+            rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+            row_mask = (rows >= 0) & (rows < gl.minimum(end, problem.NUM_ROWS))
+            acc = acc * gl.load(problem.row_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    if features.SIGNAL_ROWS:
+        if pending >= 0:
+            signal_row_tile(problem.handoff_ptr + 1 + pending)
+    EPI_N: gl.constexpr = out_desc.block_type.shape[1]
+    if EPI_N == BLOCK_N:
+        tma.store_wait(0)  # the previous store has read out_buf
+        if ROWS == BLOCK_M:
+            out_buf.store(acc.to(out_desc.dtype))
+        else:
+            out_buf.slice(0, ROWS).store(acc.to(out_desc.dtype))
+            out_buf.slice(ROWS, BLOCK_M - ROWS).store(gl.zeros([BLOCK_M - ROWS, BLOCK_N], out_desc.dtype, acc_layout))
+        _flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M, BLOCK_N, WARPS)
+    elif ROWS == BLOCK_M:
+        # Split epilogue: the halves leave one after the other. In the wgmma layout the top column
+        # bit is a register bit, so the split moves no data (asserted).
+        gl.static_assert(2 * EPI_N == BLOCK_N, "the split epilogue stores two halves")
+        half_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                              instr_shape=[16, EPI_N, 16])
+        lo, hi = gl.split(gl.permute(gl.reshape(acc.to(out_desc.dtype), [ROWS, 2, EPI_N]), [0, 2, 1]))
+        tma.store_wait(0)
+        out_buf.store(gl.convert_layout(lo, half_layout, assert_trivial=True))
+        _flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M, EPI_N, WARPS)
+        tma.store_wait(0)
+        out_buf.store(gl.convert_layout(hi, half_layout, assert_trivial=True))
+        _flush_tile(out_buf, out_desc, problem, row_lo, col0 + EPI_N, end, BLOCK_M, EPI_N, WARPS)
+    else:
+        # An idle-upper-half tile with a split epilogue: its warpgroups hold different columns, so
+        # it is stored straight from registers (rare tiles), zeros above, masked at the segment end.
+        live_end = gl.minimum(end, problem.NUM_ROWS)
+        _store_rows(problem.out_ptr, acc.to(out_desc.dtype),
+                    row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout)),
+                    col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout)), live_end, problem.N,
+                    problem.stride_om)
+        zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
+        _store_rows(problem.out_ptr, gl.zeros([BLOCK_M - ROWS, BLOCK_N], out_desc.dtype, zero_layout),
+                    row_lo + ROWS + gl.arange(0, BLOCK_M - ROWS, layout=gl.SliceLayout(1, zero_layout)),
+                    col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zero_layout)), live_end, problem.N,
+                    problem.stride_om)
+
+
+@gluon.jit
+def _run_item(smem, out_buf, descs, problem, tiling, features, pending, segment, item, i, k_steps,
+              TURN_AFTER_CHECK: gl.constexpr, PARITY: gl.constexpr, WARPS: gl.constexpr):
+    """The consumer's local item ``i`` (global id ``item``): move the segment cursor ``segment``
+    (see :func:`.schedule.walk`) to its segment, check for an idle upper half, run it on the
+    matching rows. Returns the cursor and the item's row tile."""
+    GROUP_MAJOR: gl.constexpr = tiling.GROUP_MAJOR
+    BLOCK_M: gl.constexpr = tiling.BLOCK_M
+    SKIP_HALF: gl.constexpr = features.SKIP_IDLE_HALF
+    group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(problem, tiling, item, *segment)
+    # With TURN_AFTER_CHECK the idle check (a load of 64 weights) is made before waiting for this
+    # consumer's turn (with a dynamic schedule the turn comes first: the item id is in the ring).
+    idle_upper = idle_half(SKIP_HALF, problem, row_lo, end, BLOCK_M, features.SKIP_BY_WEIGHT, WARPS)
+    if SKIP_HALF:
+        if TURN_AFTER_CHECK:
+            mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
+    ring_pos = i * k_steps  # the ring position of this item's first stage (the producer's count)
+    if SKIP_HALF:
+        if idle_upper:
+            _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col_tile * tiling.BLOCK_N, end,
+                  ring_pos, k_steps, BLOCK_M // 2, PARITY, WARPS)
+        else:
+            _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col_tile * tiling.BLOCK_N, end,
+                  ring_pos, k_steps, BLOCK_M, PARITY, WARPS)
+    else:
+        _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col_tile * tiling.BLOCK_N, end,
+              ring_pos, k_steps, BLOCK_M, PARITY, WARPS)
+    return (group, tiles_before, tiles_through, start, end), row_tile(item, problem.col_tiles, tiles_before,
+                                                                      tiles_through, GROUP_MAJOR)
+
+
+@gluon.jit
+def consumer(smem, descs, problem, tiling, features, PARITY: gl.constexpr, WARPS: gl.constexpr):
+    """Consumer ``PARITY`` of ``CONSUMERS`` (``WARPS`` warps: one warpgroup in ping-pong, two in the
+    cooperative scheme): the program's local items ``i = PARITY (mod CONSUMERS)``, the last
+    row-tile signal, its share of the tail's zeros."""
+    STAGES: gl.constexpr = tiling.STAGES
+    CONSUMERS: gl.constexpr = tiling.CONSUMERS
+    out_buf = smem.out_bufs.index(PARITY)
+    pid = gl.program_id(0)
+    num_progs = gl.num_programs(0)
+    k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
+    segment = (-1, 0, 0, 0, 0)  # the segment cursor: see schedule.walk
+    pending = -1  # SIGNAL_ROWS: the row tile of this consumer's last stored item, not yet signalled
+    if features.HANDOFF:
+        item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        i = PARITY
+        item = 0
+        while item >= 0:
+            if CONSUMERS == 2:
+                mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
+            ring_pos = i * k_steps
+            mbarrier.wait(smem.ready.index(ring_pos % STAGES), (ring_pos // STAGES) & 1)
+            item = gl.max(smem.item_ids.index(ring_pos % STAGES).load(item_layout), 0)
+            if item >= 0:
+                segment, pending = _run_item(smem, out_buf, descs, problem, tiling, features, pending, segment,
+                                             item, i, k_steps, False, PARITY, WARPS)
+                i += CONSUMERS
+            else:
+                for k_step in range(k_steps):  # the end marker's stages, released like an item's
+                    mbarrier.wait(smem.ready.index((ring_pos + k_step) % STAGES),
+                                  ((ring_pos + k_step) // STAGES) & 1)
+                    mbarrier.arrive(smem.empty.index((ring_pos + k_step) % STAGES), count=1)
+                if CONSUMERS == 2:
+                    mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
+    else:
+        n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
+        for i in range(PARITY, n_local, CONSUMERS):
+            if CONSUMERS == 2 and not features.SKIP_IDLE_HALF:
+                # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
+                mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
+            segment, pending = _run_item(smem, out_buf, descs, problem, tiling, features, pending, segment,
+                                         pid + i * num_progs, i, k_steps, CONSUMERS == 2, PARITY, WARPS)
+    if features.SIGNAL_ROWS:
+        if pending >= 0:
+            signal_row_tile(problem.handoff_ptr + 1 + pending)
+
+    if features.CONSUMER_TAIL:
+        # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
+        BLOCK_M: gl.constexpr = tiling.BLOCK_M
+        BLOCK_N: gl.constexpr = tiling.BLOCK_N
+        zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
+        zeros = gl.zeros([BLOCK_M, BLOCK_N], descs.out.dtype, zero_layout)
+        first = (pid - problem.real_items % num_progs + num_progs) % num_progs
+        for j in range(first + PARITY * num_progs, problem.tail_items, CONSUMERS * num_progs):
+            rows = problem.live_end + (j // problem.col_tiles) * BLOCK_M + gl.arange(
+                0, BLOCK_M, layout=gl.SliceLayout(1, zero_layout))
+            cols = (j % problem.col_tiles) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zero_layout))
+            _store_rows(problem.out_ptr, zeros, rows, cols, problem.NUM_ROWS, problem.N,
+                        problem.stride_om)  # rows >= live_end >= 0
+    tma.store_wait(0)

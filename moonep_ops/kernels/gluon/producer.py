@@ -1,0 +1,200 @@
+"""The Gluon kernel's producer partition: one warp that issues TMA loads into the ring.
+
+It runs ahead of the consumers across tile boundaries, item after item, stage after stage: it
+waits for a stage's ``empty`` barrier (the MMAs that read it finished), sets its ``ready`` barrier
+to expect the stage's bytes and issues the loads of ``a``, ``w`` (and ``w_up``) into it.
+
+Besides the loads:
+
+- The tail's zeros (``PRODUCER_TAIL``): rows ``[cu[-1], NvS)`` of ``zero_desc``'s tensor (this
+  kernel's ``out``, or for the experts op's fused GEMM its down GEMM's output) are zeroed by TMA
+  stores of a zeroed ``ZERO_ROWS``-row buffer, spread evenly over the program's loads, so that
+  they overlap the GEMM instead of forming a write-only phase at the end.
+- Programmatic dependent launch (``WAIT_PRIOR``): the first item's weight loads are issued
+  before ``griddepcontrol.wait``, its ``a`` loads (the prior kernel's output) after.
+- The row-tile handoff (``HANDOFF``, the experts op's down GEMM): items come from a global counter
+  instead of the static stride, so that programs which start early (on SMs the fused GEMM's last
+  programs left) take more of them; before loading an item's ``a`` the producer waits for its row
+  tile's flag instead of for the whole fused grid. An item's id goes to the consumers with its
+  first stage; after the last item, each consumer gets an item's worth of empty stages marked -1.
+  The grid-wide wait still runs at the end, so that this grid finishes only after the fused one
+  (a later kernel ordered after this one needs that).
+- Half loads (``HALF_LOADS``): the producer makes the consumers' idle-upper-half check itself and
+  loads only the lower half of ``a`` for such a tile: its MMAs never read the upper half, so the
+  idle rows cost no bytes either.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from .schedule import find_item, idle_half, row_tile
+from .sync import griddepcontrol_wait, next_item, wait_row_tile, warp_sync
+
+
+@gluon.jit
+def _zero_chunk(zero_desc, zero_buf, chunk, tail_lo, col_chunks):
+    """Zero chunk ``chunk`` of the tail: ``ZERO_ROWS`` rows from ``tail_lo``, one column chunk (TMA
+    clips it at NvS and at the tensor's width)."""
+    ZERO_ROWS: gl.constexpr = zero_desc.block_type.shape[0]
+    CHUNK_N: gl.constexpr = zero_desc.block_type.shape[1]
+    tma.async_copy_shared_to_global(zero_desc, [tail_lo + (chunk // col_chunks) * ZERO_ROWS,
+                                                (chunk % col_chunks) * CHUNK_N], zero_buf)
+
+
+@gluon.jit
+def _load_weights(descs, smem, stage, w_row, k0, FUSED: gl.constexpr):
+    """Stage ``stage``'s weight tiles: ``w`` (and ``w_up``)."""
+    tma.async_copy_global_to_shared(descs.w, [w_row, k0], smem.ready.index(stage), smem.w_bufs.index(stage))
+    if FUSED:
+        tma.async_copy_global_to_shared(descs.w_up, [w_row, k0], smem.ready.index(stage), smem.w_up_bufs.index(stage))
+
+
+@gluon.jit
+def _expect_stage(bar, descs, half, FUSED: gl.constexpr, HALF_LOADS: gl.constexpr):
+    """``bar`` expects a stage's loads: ``a``'s box (with ``HALF_LOADS``, its lower half alone where
+    ``half``), the weights' (the byte count must be a constant: one expect per case)."""
+    w_bytes: gl.constexpr = descs.w.block_type.nbytes * (2 if FUSED else 1)
+    full: gl.constexpr = descs.a.block_type.nbytes + w_bytes
+    if HALF_LOADS:
+        lower: gl.constexpr = descs.a_half.block_type.nbytes + w_bytes
+        if half:
+            mbarrier.expect(bar, lower)
+        else:
+            mbarrier.expect(bar, full)
+    else:
+        mbarrier.expect(bar, full)
+
+
+@gluon.jit
+def _publish_item(item_ids, stage, item):
+    """Stage ``stage`` starts item ``item`` (-1: no more items): written by every lane of the
+    producer warp before the stage's mbarrier arrive, which publishes it to the consumers."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    item_ids.index(stage).store(gl.full([32], item, gl.int32, layout))
+    warp_sync()
+
+
+@gluon.jit
+def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half, ring_pos, prefetched, k_steps,
+               zero_done, zero_mine, stages_mine):
+    """One item's loads into the ring from position ``ring_pos`` (the first ``prefetched``
+    positions already hold their weight loads), with this program's share of tail chunks spread
+    over them. With ``HANDOFF`` the item's id goes with its first stage. ``half`` (``HALF_LOADS``):
+    the tile's upper half is idle, so only the lower half of its ``a`` rows is loaded (the
+    ``a_half`` box), the rows its MMAs read. Returns the ring position and the chunks done."""
+    pid = gl.program_id(0)
+    num_progs = gl.num_programs(0)
+    STAGES: gl.constexpr = tiling.STAGES
+    for k_step in range(k_steps):
+        stage = ring_pos % STAGES
+        if ring_pos >= prefetched:
+            # mbarriers start with phase 1 complete: the first lap waits on parity 1 and passes.
+            mbarrier.wait(smem.empty.index(stage), ((ring_pos // STAGES) & 1) ^ 1)
+            if features.HANDOFF:
+                if k_step == 0:
+                    _publish_item(smem.item_ids, stage, item)
+            _expect_stage(smem.ready.index(stage), descs, half, features.FUSED, features.HALF_LOADS)
+            _load_weights(descs, smem, stage, w_row, k_step * tiling.BLOCK_K, features.FUSED)
+        if features.HALF_LOADS:
+            if half:
+                HALF_M: gl.constexpr = descs.a_half.block_type.shape[0]
+                tma.async_copy_global_to_shared(descs.a_half, [row_lo, k_step * tiling.BLOCK_K],
+                                                smem.ready.index(stage), smem.a_bufs.index(stage).slice(0, HALF_M))
+            else:
+                tma.async_copy_global_to_shared(descs.a, [row_lo, k_step * tiling.BLOCK_K], smem.ready.index(stage),
+                                                smem.a_bufs.index(stage))
+        else:
+            tma.async_copy_global_to_shared(descs.a, [row_lo, k_step * tiling.BLOCK_K], smem.ready.index(stage),
+                                            smem.a_bufs.index(stage))
+        ring_pos += 1
+        if features.PRODUCER_TAIL:
+            zero_target = gl.minimum(
+                ((ring_pos * zero_mine.to(gl.int64)) // gl.maximum(stages_mine, 1)).to(gl.int32), zero_mine)
+            while zero_done < zero_target:
+                _zero_chunk(descs.zero, smem.zero_buf, pid + zero_done * num_progs, problem.live_end,
+                            problem.zero_col_tiles)
+                zero_done += 1
+    return ring_pos, zero_done
+
+
+@gluon.jit
+def producer(descs, smem, problem, tiling, features):
+    """The producer partition: this program's items' loads, then the rest of its tail chunks."""
+    pid = gl.program_id(0)
+    num_progs = gl.num_programs(0)
+    k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
+    GROUP_MAJOR: gl.constexpr = tiling.GROUP_MAJOR
+    BLOCK_M: gl.constexpr = tiling.BLOCK_M
+    group = -1  # the segment cursor (see schedule.walk)
+    tiles_before = 0
+    tiles_through = 0
+    start = 0
+    end = 0
+    prefetched = 0  # stages whose weight loads were issued before the grid-wide wait
+    if features.WAIT_PRIOR and not features.HANDOFF:
+        if pid < problem.real_items:
+            # The first item's weight loads (and its idle check: the row weights are this call's
+            # input too) before the wait, its `a` loads (the prior kernel's output) after.
+            group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
+                problem, tiling, pid, group, tiles_before, tiles_through, start, end)
+            half = idle_half(features.HALF_LOADS, problem, row_lo, end, BLOCK_M, features.SKIP_BY_WEIGHT, 1)
+            prefetched = gl.minimum(k_steps, tiling.STAGES)
+            for k_step in range(prefetched):
+                _expect_stage(smem.ready.index(k_step), descs, half, features.FUSED, features.HALF_LOADS)
+                _load_weights(descs, smem, k_step, group * problem.N + col_tile * tiling.BLOCK_N,
+                              k_step * tiling.BLOCK_K, features.FUSED)
+        griddepcontrol_wait()
+    zero_mine = 0  # this program's tail chunks: pid, pid + num_progs, ...
+    zero_done = 0
+    stages_mine = 0  # the ring stages to spread them over (an estimate under HANDOFF)
+    if features.PRODUCER_TAIL:
+        ZERO_ROWS: gl.constexpr = descs.zero.block_type.shape[0]
+        ZERO_N: gl.constexpr = descs.zero.block_type.shape[1]
+        zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // ZERO_N, ZERO_N // 8], [1, 1], [1, 0])
+        smem.zero_buf.store(gl.zeros([ZERO_ROWS, ZERO_N], descs.zero.dtype, zero_layout))
+        fence_async_shared()
+        zero_total = gl.cdiv(problem.NUM_ROWS - problem.live_end, ZERO_ROWS) * problem.zero_col_tiles
+        zero_mine = gl.cdiv(gl.maximum(zero_total - pid, 0), num_progs)
+        stages_mine = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs) * k_steps
+    ring_pos = 0
+    if features.HANDOFF:
+        grid_waited = 0
+        item = next_item(problem.handoff_ptr)
+        while item < problem.real_items:
+            group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
+                problem, tiling, item, group, tiles_before, tiles_through, start, end)
+            grid_waited = wait_row_tile(
+                problem.handoff_ptr + 1 + row_tile(item, problem.col_tiles, tiles_before, tiles_through, GROUP_MAJOR),
+                problem.FLAG_TARGET, grid_waited, features.MAX_POLLS)
+            half = idle_half(features.HALF_LOADS, problem, row_lo, end, BLOCK_M, features.SKIP_BY_WEIGHT, 1)
+            ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
+                                             group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,
+                                             prefetched, k_steps, zero_done, zero_mine, stages_mine)
+            item = next_item(problem.handoff_ptr)
+        # One end marker per consumer, each a whole item of stages (no loads), so that every ring
+        # position stays where the consumers expect it.
+        for _ in gl.static_range(tiling.CONSUMERS):
+            for k_step in range(k_steps):
+                stage = ring_pos % tiling.STAGES
+                mbarrier.wait(smem.empty.index(stage), ((ring_pos // tiling.STAGES) & 1) ^ 1)
+                if k_step == 0:
+                    _publish_item(smem.item_ids, stage, -1)
+                mbarrier.arrive(smem.ready.index(stage), count=1)
+                ring_pos += 1
+    else:
+        for item in range(pid, problem.real_items, num_progs):
+            group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
+                problem, tiling, item, group, tiles_before, tiles_through, start, end)
+            half = idle_half(features.HALF_LOADS, problem, row_lo, end, BLOCK_M, features.SKIP_BY_WEIGHT, 1)
+            ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
+                                             group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,
+                                             prefetched, k_steps, zero_done, zero_mine, stages_mine)
+    if features.PRODUCER_TAIL:
+        while zero_done < zero_mine:  # all of it when this program has no real items
+            _zero_chunk(descs.zero, smem.zero_buf, pid + zero_done * num_progs, problem.live_end,
+                        problem.zero_col_tiles)
+            zero_done += 1
+        tma.store_wait(0)
+    if features.HANDOFF:
+        griddepcontrol_wait()

@@ -1,0 +1,98 @@
+"""The Gluon kernel's persistent schedule: which item is where, and whether its upper half is idle.
+
+Work items are (row tile, column tile) pairs of the segments of ``cu_seqlens``, numbered segment
+by segment (``GROUP_MAJOR``: the row tiles that share a weight tile run together) or row tile by
+row tile; program ``pid`` takes items ``pid + i * num_programs``, or with the row-tile handoff
+the next one from a global counter (:func:`.sync.next_item`). The producer and the consumers
+each find an item's segment by a forward walk over ``cu_seqlens`` with scalar loads (a program's
+items only move forward): no per-item scans. Segment ends are used as in the Triton kernel (rows
+masked to ``[0, min(end, NvS))``), so invalid ``cu_seqlens`` give unspecified values, never an
+out-of-bounds access.
+
+Idle upper halves (``SKIP_IDLE_HALF``): a segment's last row tile whose upper 64 rows all lie past
+the segment's end or have weight 0 (``SKIP_BY_WEIGHT``: MoonEP's padding rows) runs its MMAs on
+the lower half and stores zeros above. The consumers and, for its half loads, the producer ask
+:func:`idle_half` the same question of the same data, so they agree on every tile. The config
+table turns it on only where it measures faster: a tile that finishes early breaks the step of
+the programs that share its weight tiles.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def walk(cu_seqlens_ptr, G, key, scale, group, tiles_before, tiles_through, start, end, BLOCK_M: gl.constexpr):
+    """Advance the segment cursor until ``key < tiles_through * scale``. The cursor: the segment
+    ``group`` holding rows ``[start, end)``, and the numbers of row tiles before it and through it.
+    ``key``: the item with ``scale`` its column tiles per row tile (``GROUP_MAJOR``), else the
+    item's row tile with ``scale`` 1."""
+    while (key >= tiles_through * scale) & (group < G - 1):
+        group += 1
+        start = end
+        end = gl.load(cu_seqlens_ptr + group)
+        tiles_before = tiles_through
+        tiles_through += (gl.maximum(end - start, 0) + BLOCK_M - 1) // BLOCK_M
+    return group, tiles_before, tiles_through, start, end
+
+
+@gluon.jit
+def item_coords(item, col_tiles, tiles_before, tiles_through, start, BLOCK_M: gl.constexpr,
+                GROUP_MAJOR: gl.constexpr):
+    """(first row, column tile) of ``item`` in the segment the cursor holds."""
+    if GROUP_MAJOR:
+        local = item - tiles_before * col_tiles
+        count = gl.maximum(tiles_through - tiles_before, 1)
+        return start + (local % count) * BLOCK_M, local // count
+    else:
+        return start + (item // col_tiles - tiles_before) * BLOCK_M, item % col_tiles
+
+
+@gluon.jit
+def find_item(problem, tiling, item, group, tiles_before, tiles_through, start, end):
+    """Move the segment cursor to ``item``'s segment: returns the new cursor, then the item's first
+    row and column tile."""
+    key = item if tiling.GROUP_MAJOR else item // problem.col_tiles
+    scale = problem.col_tiles if tiling.GROUP_MAJOR else 1
+    group, tiles_before, tiles_through, start, end = walk(problem.cu_seqlens_ptr, problem.G, key, scale, group,
+                                                          tiles_before, tiles_through, start, end, tiling.BLOCK_M)
+    row_lo, col_tile = item_coords(item, problem.col_tiles, tiles_before, tiles_through, start, tiling.BLOCK_M,
+                                   tiling.GROUP_MAJOR)
+    return group, tiles_before, tiles_through, start, end, row_lo, col_tile
+
+
+@gluon.jit
+def row_tile(item, col_tiles, tiles_before, tiles_through, GROUP_MAJOR: gl.constexpr):
+    """Index of ``item``'s row tile among all real row tiles (the same in both kernels of a pair:
+    same ``cu_seqlens`` and ``BLOCK_M``)."""
+    if GROUP_MAJOR:
+        return tiles_before + (item - tiles_before * col_tiles) % gl.maximum(tiles_through - tiles_before, 1)
+    else:
+        return item // col_tiles
+
+
+@gluon.jit
+def upper_half_idle(row_weights_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexpr, BY_WEIGHT: gl.constexpr,
+                    WARPS: gl.constexpr):
+    """Whether every row of the tile's upper half ``[row_lo + BLOCK_M/2, row_lo + BLOCK_M)`` lies
+    past its segment's end or (``BY_WEIGHT``) has weight 0: MoonEP's padding rows, whose output is
+    zero. A NaN weight is not 0: such a row is computed."""
+    HALF: gl.constexpr = BLOCK_M // 2
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    rows = row_lo + HALF + gl.arange(0, HALF, layout=layout)
+    live = (rows >= 0) & (rows < gl.minimum(end, NUM_ROWS))
+    if BY_WEIGHT:
+        live = live & (gl.load(row_weights_ptr + rows, mask=live, other=0.0) != 0.0)
+    return gl.max(live.to(gl.int32), axis=0) == 0
+
+
+@gluon.jit
+def idle_half(ON: gl.constexpr, problem, row_lo, end, BLOCK_M: gl.constexpr, BY_WEIGHT: gl.constexpr,
+              WARPS: gl.constexpr):
+    """Whether the item's tile takes the idle-upper-half path (``ON``: the kernel has it): it is
+    its segment's last (only such a tile can hold idle rows) and its upper half is idle."""
+    idle = False
+    if ON:
+        if row_lo + BLOCK_M >= end:
+            idle = upper_half_idle(problem.row_weights_ptr, row_lo, end, problem.NUM_ROWS, BLOCK_M, BY_WEIGHT, WARPS)
+    return idle
