@@ -22,7 +22,8 @@
 - ``grouped_gemm_out`` and ``experts_out`` are not differentiable: they raise if asked to record
   gradients.
 - The backward ops themselves are registered as non-differentiable; a double backward
-  (``create_graph=True`` through a moonep op) raises instead of silently dropping terms.
+  (``create_graph=True`` through any op of ``DIFFERENTIABLE_OPS``) raises instead of silently
+  dropping terms (:func:`_first_order_only` wraps every registered backward).
 
 The backward functions only call ops, so they trace under torch.compile and are CUDA-graph
 capture safe (the ops never sync the host).
@@ -47,12 +48,17 @@ def _requires_grad(*tensors) -> bool:
     return any(t is not None and t.requires_grad for t in tensors)
 
 
-def _no_double_backward(name: str, *tensors) -> None:
-    # With create_graph=True the backward runs in grad mode; the backward ops have no
-    # derivative, so refuse rather than return gradients that silently miss their terms.
-    if torch.is_grad_enabled() and _requires_grad(*tensors):
-        raise RuntimeError(f"{NAMESPACE}::{name}: double backward (create_graph=True through this op) "
-                           "is not supported")
+def _first_order_only(name: str, backward):
+    """``backward``, refusing a double backward: with ``create_graph=True`` the backward runs in
+    grad mode, and if a gradient or a saved tensor requires grad the result would need a graph that
+    the backward ops (no derivative) cannot build. Outside create_graph grad mode is off: no cost."""
+    def first_order_backward(ctx, *grads):
+        if torch.is_grad_enabled() and _requires_grad(*grads, *ctx.saved_tensors):
+            raise RuntimeError(f"{NAMESPACE}::{name}: double backward (create_graph=True through this op) "
+                               "is not supported; differentiate a first-order gradient only")
+        return backward(ctx, *grads)
+
+    return first_order_backward
 
 
 # grouped_gemm ---------------------------------------------------------------------------
@@ -66,7 +72,6 @@ def _grouped_gemm_setup(ctx, inputs, output):
 
 def _grouped_gemm_backward(ctx, grad):
     a, w, cu_seqlens = ctx.saved_tensors
-    _no_double_backward("grouped_gemm", grad, a, w)
     da = _grouped_gemm_dgrad(grad, w, cu_seqlens) if ctx.needs_input_grad[0] else None
     dw = _grouped_gemm_wgrad(grad, a, cu_seqlens) if ctx.needs_input_grad[1] else None
     return da, dw, None
@@ -81,7 +86,6 @@ def _silu_mul_weight_setup(ctx, inputs, output):
 
 def _silu_mul_weight_backward_fn(ctx, grad):
     gate, up, route_weights, cu_seqlens = ctx.saved_tensors
-    _no_double_backward("silu_mul_weight", grad, gate, up, route_weights)
     d_gate, d_up, d_rw = _silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens)
     need = ctx.needs_input_grad
     return (d_gate if need[0] else None, d_up if need[1] else None,
@@ -106,7 +110,6 @@ def _fused_setup(ctx, inputs, output):
 
 def _fused_backward(ctx, grad):
     x, w_gate, w_up, route_weights, cu_seqlens = ctx.saved_tensors
-    _no_double_backward("grouped_gemm_silu_mul", grad, x, w_gate, w_up, route_weights)
     d_gate, d_up, d_rw = _grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens)
     need = ctx.needs_input_grad
     dx, dw_gate, dw_up = _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens)
@@ -127,8 +130,6 @@ def _fused_saved_setup(ctx, inputs, output):
 
 def _fused_saved_backward(ctx, d_act, d_gate_direct, d_up_direct):
     x, w_gate, w_up, gate, up, route_weights, cu_seqlens = ctx.saved_tensors
-    _no_double_backward("grouped_gemm_silu_mul_with_gate_up", d_act, d_gate_direct, d_up_direct, x, w_gate,
-                        w_up, route_weights)
     d_gate = d_up = d_rw = None
     if d_act is not None:
         d_gate, d_up, d_rw = _silu_mul_weight_backward(d_act, gate, up, route_weights, cu_seqlens)
@@ -152,7 +153,6 @@ def _experts_setup(ctx, inputs, output):
 
 def _experts_backward(ctx, grad):
     x, w_gate, w_up, w_down, route_weights, cu_seqlens = ctx.saved_tensors
-    _no_double_backward("experts", grad, x, w_gate, w_up, w_down, route_weights)
     need = ctx.needs_input_grad
     dw_down = None
     if need[3]:
@@ -174,15 +174,17 @@ def _add_grads(a, b):
     return a if b is None else a + b
 
 
-torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm", _grouped_gemm_backward,
-                                setup_context=_grouped_gemm_setup, lib=lib)
-torch.library.register_autograd(f"{NAMESPACE}::silu_mul_weight", _silu_mul_weight_backward_fn,
-                                setup_context=_silu_mul_weight_setup, lib=lib)
-torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm_silu_mul", _fused_backward,
-                                setup_context=_fused_setup, lib=lib)
-torch.library.register_autograd(f"{NAMESPACE}::grouped_gemm_silu_mul_with_gate_up", _fused_saved_backward,
-                                setup_context=_fused_saved_setup, lib=lib)
-torch.library.register_autograd(f"{NAMESPACE}::experts", _experts_backward, setup_context=_experts_setup, lib=lib)
+# op name -> (backward, setup_context); every one refuses a double backward.
+DIFFERENTIABLE_OPS = {
+    "grouped_gemm": (_grouped_gemm_backward, _grouped_gemm_setup),
+    "silu_mul_weight": (_silu_mul_weight_backward_fn, _silu_mul_weight_setup),
+    "grouped_gemm_silu_mul": (_fused_backward, _fused_setup),
+    "grouped_gemm_silu_mul_with_gate_up": (_fused_saved_backward, _fused_saved_setup),
+    "experts": (_experts_backward, _experts_setup),
+}
+for _name, (_backward, _setup) in DIFFERENTIABLE_OPS.items():
+    torch.library.register_autograd(f"{NAMESPACE}::{_name}", _first_order_only(_name, _backward),
+                                    setup_context=_setup, lib=lib)
 
 
 # Non-differentiable ops: explicit Autograd kernels ---------------------------------------

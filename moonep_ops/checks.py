@@ -43,6 +43,14 @@ def _check(cond, message) -> None:
     torch._check(cond, message)
 
 
+def _check_tensors(op_name: str, **named) -> None:
+    """Each of ``named`` is a Tensor (the dispatcher lets None through for a ``Tensor`` argument)."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            got = "None" if t is None else type(t).__name__
+            raise RuntimeError(f"moonep::{op_name}: {name} must be a Tensor, got {got}")
+
+
 def _check_dtype(op_name: str, arg: str, t: torch.Tensor) -> None:
     allowed = _CUDA_DTYPES if t.device.type == "cuda" else _CPU_DTYPES
     _check(
@@ -97,6 +105,7 @@ def check_grouped_gemm(op_name: str, a: torch.Tensor, w: torch.Tensor,
                        cu_seqlens: torch.Tensor, *, a_name: str = "a", w_name: str = "w") -> None:
     """``a [NvS, K]``, ``w [G, N, K]``, ``cu_seqlens [G]``; ``a_name``/``w_name`` are the
     argument names the calling op's schema uses (errors must name what the user passed)."""
+    _check_tensors(op_name, **{a_name: a, w_name: w, "cu_seqlens": cu_seqlens})
     _check(a.dim() == 2,
            _fail(op_name, lambda: f"{a_name} must be 2-D [NvS, K], got shape {_shape(a)}"))
     _check(w.dim() == 3,
@@ -120,6 +129,7 @@ def check_grouped_gemm(op_name: str, a: torch.Tensor, w: torch.Tensor,
 
 def check_out(op_name: str, out: torch.Tensor, shape, dtype: torch.dtype,
               device: torch.device) -> None:
+    _check_tensors(op_name, out=out)
     _check(
         out.dim() == len(shape) and all(o == s for o, s in zip(out.shape, shape)),
         _fail(op_name, lambda: f"out has shape {_shape(out)}, expected "
@@ -133,8 +143,52 @@ def check_out(op_name: str, out: torch.Tensor, shape, dtype: torch.dtype,
     )
 
 
+GROUPED_GEMM_INPUTS = ("a", "w", "cu_seqlens")
+EXPERTS_INPUTS = ("x", "w_gate", "w_up", "w_down", "route_weights", "cu_seqlens")
+
+
+def _byte_range(t: torch.Tensor) -> tuple:
+    """``[first, last)`` byte addresses that ``t``'s elements can touch (empty for no elements)."""
+    start = t.data_ptr()
+    extent = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if size == 0:
+            return start, start
+        extent += (size - 1) * stride
+    return start, start + extent * t.element_size()
+
+
+def check_out_overlap(op_name: str, out: torch.Tensor, names: tuple, *inputs, may_be: str = None) -> None:
+    """``out`` shares no byte with any of ``inputs`` (named by ``names``; None skipped), except that
+    it may be the very view of the input named ``may_be`` (same address, sizes and strides): the
+    experts op reads ``x`` only in its first GEMM, and each row tile of ``x`` is read in full before
+    any row of ``out`` in it is written. Any other overlap is refused: the CUDA kernels read an
+    input's rows from many programs while others write ``out``. Conservative: views of one storage
+    whose byte spans cross are refused even when their elements interleave without meeting.
+    Addresses only, no data read: runs on every eager call (fakes have no addresses)."""
+    base = out.untyped_storage().data_ptr()
+    out_span = None
+    for name, t in zip(names, inputs):
+        if t is None or t.untyped_storage().data_ptr() != base:
+            continue
+        if name == may_be and _same_view(out, t):
+            continue
+        out_span = out_span or _byte_range(out)
+        start, end = _byte_range(t)
+        if start < out_span[1] and out_span[0] < end:
+            allowed = f" other than {may_be} itself" if may_be else ""
+            raise RuntimeError(f"moonep::{op_name}: out overlaps {name} in memory; out must not share "
+                               f"memory with any input{allowed} (pass a separate buffer)")
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)
+
+
 def check_silu_mul_weight(op_name: str, gate: torch.Tensor, up: torch.Tensor,
                           route_weights, cu_seqlens: torch.Tensor) -> None:
+    _check_tensors(op_name, gate=gate, up=up, cu_seqlens=cu_seqlens)
     _check(gate.dim() == 2, _fail(op_name, lambda: f"gate must be 2-D [NvS, I], got shape {_shape(gate)}"))
     _check(
         up.dim() == gate.dim() and all(u == g for u, g in zip(up.shape, gate.shape)),
@@ -188,6 +242,7 @@ def check_cu_seqlens_values(op_name: str, cu_seqlens: torch.Tensor, num_rows: in
 def check_grouped_gemm_silu_mul(op_name: str, x: torch.Tensor, w_gate: torch.Tensor,
                                 w_up: torch.Tensor, route_weights, cu_seqlens: torch.Tensor) -> None:
     check_grouped_gemm(op_name, x, w_gate, cu_seqlens, a_name="x", w_name="w_gate")
+    _check_tensors(op_name, w_up=w_up)
     _check(
         w_up.dim() == 3 and all(u == g for u, g in zip(w_up.shape, w_gate.shape)),
         _fail(op_name, lambda: f"w_up has shape {_shape(w_up)} but w_gate has shape {_shape(w_gate)}; "
@@ -202,6 +257,7 @@ def check_experts(op_name: str, x: torch.Tensor, w_gate: torch.Tensor, w_up: tor
                   w_down: torch.Tensor, route_weights, cu_seqlens: torch.Tensor) -> None:
     """The whole expert path: the fused gate/up GEMM's arguments, and ``w_down [G, H, I]``."""
     check_grouped_gemm_silu_mul(op_name, x, w_gate, w_up, route_weights, cu_seqlens)
+    _check_tensors(op_name, w_down=w_down)
     expected = (w_gate.shape[0], x.shape[1], w_gate.shape[1])
     _check(
         w_down.dim() == 3 and all(d == e for d, e in zip(w_down.shape, expected)),
@@ -234,6 +290,7 @@ def _check_same_shape_dtype(op_name: str, name: str, t: torch.Tensor, ref_name: 
 def check_grouped_gemm_dgrad(op_name: str, grad_out: torch.Tensor, w: torch.Tensor,
                              cu_seqlens: torch.Tensor) -> None:
     """``grad_out [NvS, N]``, ``w [G, N, K]``, ``cu_seqlens [G]``."""
+    _check_tensors(op_name, grad_out=grad_out, w=w, cu_seqlens=cu_seqlens)
     _check(grad_out.dim() == 2,
            _fail(op_name, lambda: f"grad_out must be 2-D [NvS, N], got shape {_shape(grad_out)}"))
     _check(w.dim() == 3, _fail(op_name, lambda: f"w must be 3-D [G, N, K], got shape {_shape(w)}"))
@@ -252,6 +309,7 @@ def check_grouped_gemm_dgrad(op_name: str, grad_out: torch.Tensor, w: torch.Tens
 def check_grouped_gemm_dual_dgrad(op_name: str, grad_gate: torch.Tensor, grad_up: torch.Tensor,
                                   w_gate: torch.Tensor, w_up: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
     """``grad_gate``, ``grad_up [NvS, I]``; ``w_gate``, ``w_up [G, I, H]``; ``cu_seqlens [G]``."""
+    _check_tensors(op_name, grad_gate=grad_gate, grad_up=grad_up, w_gate=w_gate, w_up=w_up, cu_seqlens=cu_seqlens)
     check_grouped_gemm_dgrad(op_name, grad_gate, w_gate, cu_seqlens)
     _check_same_shape_dtype(op_name, "grad_up", grad_up, "grad_gate", grad_gate)
     _check_same_shape_dtype(op_name, "w_up", w_up, "w_gate", w_gate)
@@ -261,6 +319,7 @@ def check_grouped_gemm_dual_dgrad(op_name: str, grad_gate: torch.Tensor, grad_up
 def check_grouped_gemm_wgrad(op_name: str, grad_out: torch.Tensor, a: torch.Tensor,
                              cu_seqlens: torch.Tensor) -> None:
     """``grad_out [NvS, N]``, ``a [NvS, K]``, ``cu_seqlens [G]`` (G is taken from cu_seqlens)."""
+    _check_tensors(op_name, grad_out=grad_out, a=a, cu_seqlens=cu_seqlens)
     _check(grad_out.dim() == 2,
            _fail(op_name, lambda: f"grad_out must be 2-D [NvS, N], got shape {_shape(grad_out)}"))
     _check(a.dim() == 2, _fail(op_name, lambda: f"a must be 2-D [NvS, K], got shape {_shape(a)}"))
@@ -277,6 +336,7 @@ def check_grouped_gemm_wgrad(op_name: str, grad_out: torch.Tensor, a: torch.Tens
 
 def check_silu_mul_weight_backward(op_name: str, grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
                                    route_weights, cu_seqlens: torch.Tensor) -> None:
+    _check_tensors(op_name, grad=grad)
     check_silu_mul_weight(op_name, gate, up, route_weights, cu_seqlens)
     _check_same_shape_dtype(op_name, "grad", grad, "gate", gate)
     _check_same_device(op_name, "gate", gate, grad=grad)
@@ -285,6 +345,7 @@ def check_silu_mul_weight_backward(op_name: str, grad: torch.Tensor, gate: torch
 def check_grouped_gemm_silu_mul_backward(op_name: str, grad: torch.Tensor, x: torch.Tensor,
                                          w_gate: torch.Tensor, w_up: torch.Tensor, route_weights,
                                          cu_seqlens: torch.Tensor) -> None:
+    _check_tensors(op_name, grad=grad)
     check_grouped_gemm_silu_mul(op_name, x, w_gate, w_up, route_weights, cu_seqlens)
     expected = (x.shape[0], w_gate.shape[1])
     _check(

@@ -107,12 +107,22 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     # Training composes the separate ops; bad input still reads as the experts op's error, as
     # without grad (under torch.compile the ops' fakes check: Dynamo cannot trace the lazy messages).
     if not torch.compiler.is_compiling():
-        checks.checked(checks.check_experts, "experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+        _check_experts_args(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     if recompute or not _needs_grad(x, w_gate, w_up, route_weights):  # (only w_down: nothing to save)
         act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
     else:
         act, _, _ = _grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
     return grouped_gemm(act, w_down, cu_seqlens, out=out)
+
+
+def _check_experts_args(x, w_gate, w_up, w_down, route_weights, cu_seqlens) -> None:
+    """What ``moonep::experts`` checks, under its name: the metadata, then the values of
+    ``cu_seqlens`` where that op reads them (CPU; CUDA with ``MOONEP_OPS_DEBUG=1``)."""
+    checks.checked(checks.check_experts, "experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    if cu_seqlens.device.type == "cpu":
+        checks.check_cu_seqlens_values("experts", cu_seqlens, x.shape[0])
+    elif cu_seqlens.device.type == "cuda":
+        checks.debug_checks("experts", cu_seqlens, x.shape[0])
 
 
 def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:

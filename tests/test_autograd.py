@@ -14,11 +14,13 @@
 import dataclasses
 import functools
 
+import expecttest
 import pytest
 import torch
 
 import moonep_ops
-from moonep_ops.schemas import op
+from moonep_ops.autograd import DIFFERENTIABLE_OPS
+from moonep_ops.schemas import SCHEMAS, op
 
 from . import subprocess_jobs
 from .conftest import DEVICES, HAS_CUDA
@@ -711,3 +713,156 @@ def test_bad_input_reads_the_same_with_grad():
             moonep_ops.moonep_experts(x.detach().requires_grad_(grad), w_gate, w_up[:, :-1], w_down, cu, rw)
         messages.append(str(info.value))
     assert messages[0] == messages[1] and "w_up" in messages[0], messages
+
+
+# --- double backward: refused on every differentiable op and path ------------------------------
+
+def _double_backward_inputs():
+    """float64 ``(x, w_gate, w_up, w_down, route_weights, cu_seqlens)``, no tails: G=2, H=6, I=4."""
+    x = torch.randn(8, 6, dtype=torch.float64)
+    w_gate, w_up = torch.randn(2, 4, 6, dtype=torch.float64), torch.randn(2, 4, 6, dtype=torch.float64)
+    w_down = torch.randn(2, 6, 4, dtype=torch.float64)
+    return x, w_gate, w_up, w_down, torch.rand(8, dtype=torch.float64), torch.tensor([3, 7], dtype=torch.int32)
+
+
+def _db_grouped_gemm(x, w_gate, w_up, w_down, rw, cu):
+    return moonep_ops.grouped_gemm(x, w_gate, cu)
+
+
+def _db_silu_mul_weight(x, w_gate, w_up, w_down, rw, cu):
+    # gate and up from x and the weights by elementwise torch ops, so each "needs" set reaches them.
+    return moonep_ops.silu_mul_weight(x[:, :4] * w_gate[0, :, 0], x[:, 2:] * w_up[0, :, 0], rw, cu)
+
+
+def _db_grouped_gemm_silu_mul(x, w_gate, w_up, w_down, rw, cu):
+    return moonep_ops.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
+
+
+def _db_with_gate_up(x, w_gate, w_up, w_down, rw, cu):
+    return moonep_ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, rw, cu)[0]
+
+
+def _db_experts(x, w_gate, w_up, w_down, rw, cu):
+    return torch.ops.moonep.experts(x, w_gate, w_up, w_down, rw, cu)
+
+
+def _db_moonep_experts(recompute):
+    def run(x, w_gate, w_up, w_down, rw, cu):
+        return moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, recompute=recompute)
+    return run
+
+
+# (differentiable op, path) -> call over _double_backward_inputs(); every op in DIFFERENTIABLE_OPS
+# needs at least one path here (test_every_differentiable_op_has_a_double_backward_entry).
+DOUBLE_BACKWARD_PATHS = {
+    ("grouped_gemm", "grouped_gemm"): _db_grouped_gemm,
+    ("silu_mul_weight", "silu_mul_weight"): _db_silu_mul_weight,
+    ("grouped_gemm_silu_mul", "grouped_gemm_silu_mul"): _db_grouped_gemm_silu_mul,
+    ("grouped_gemm_silu_mul_with_gate_up", "grouped_gemm_silu_mul_with_gate_up"): _db_with_gate_up,
+    ("grouped_gemm_silu_mul_with_gate_up", "moonep_experts"): _db_moonep_experts(False),
+    ("grouped_gemm_silu_mul", "moonep_experts(recompute=True)"): _db_moonep_experts(True),
+    ("experts", "torch.ops.moonep.experts"): _db_experts,
+}
+# "weights": w_gate, w_up, w_down and route_weights.
+_NEEDS = {"x": (0,), "w_gate, w_up": (1, 2), "weights": (1, 2, 3, 4)}
+
+
+_LOSSES = {"sum": lambda y: y.sum(), "square": lambda y: (y ** 2).sum()}
+
+
+def _double_backward_error(path, needs, loss):
+    """The error of a gradient penalty through ``path``, or "no error" when the first-order gradient
+    is a constant (nothing it depends on requires grad: then no graph is owed)."""
+    args = list(_double_backward_inputs())
+    for i in _NEEDS[needs]:
+        args[i].requires_grad_()
+    diff = [t for t in args if t.requires_grad]
+    y = DOUBLE_BACKWARD_PATHS[path](*args)
+    try:
+        grads = torch.autograd.grad(_LOSSES[loss](y), diff, create_graph=True, allow_unused=True)
+    except RuntimeError as e:
+        return str(e)
+    assert not any(g is not None and g.requires_grad for g in grads)
+    return "no error"
+
+
+class TestDoubleBackward(expecttest.TestCase):
+    def test_refused_on_every_op_and_path(self):
+        lines = [f"{path[1]}, {needs} need grad, {loss} loss: {_double_backward_error(path, needs, loss)}"
+                 for path in DOUBLE_BACKWARD_PATHS for needs in _NEEDS for loss in _LOSSES]
+        text = "\n".join(lines).replace(" (create_graph=True through this op) is not supported; differentiate "
+                                         "a first-order gradient only", "")
+        self.assertExpectedInline(text, """\
+grouped_gemm, x need grad, sum loss: no error
+grouped_gemm, x need grad, square loss: moonep::grouped_gemm: double backward
+grouped_gemm, w_gate, w_up need grad, sum loss: no error
+grouped_gemm, w_gate, w_up need grad, square loss: moonep::grouped_gemm: double backward
+grouped_gemm, weights need grad, sum loss: no error
+grouped_gemm, weights need grad, square loss: moonep::grouped_gemm: double backward
+silu_mul_weight, x need grad, sum loss: moonep::silu_mul_weight: double backward
+silu_mul_weight, x need grad, square loss: moonep::silu_mul_weight: double backward
+silu_mul_weight, w_gate, w_up need grad, sum loss: moonep::silu_mul_weight: double backward
+silu_mul_weight, w_gate, w_up need grad, square loss: moonep::silu_mul_weight: double backward
+silu_mul_weight, weights need grad, sum loss: moonep::silu_mul_weight: double backward
+silu_mul_weight, weights need grad, square loss: moonep::silu_mul_weight: double backward
+grouped_gemm_silu_mul, x need grad, sum loss: moonep::grouped_gemm_silu_mul: double backward
+grouped_gemm_silu_mul, x need grad, square loss: moonep::grouped_gemm_silu_mul: double backward
+grouped_gemm_silu_mul, w_gate, w_up need grad, sum loss: moonep::grouped_gemm_silu_mul: double backward
+grouped_gemm_silu_mul, w_gate, w_up need grad, square loss: moonep::grouped_gemm_silu_mul: double backward
+grouped_gemm_silu_mul, weights need grad, sum loss: moonep::grouped_gemm_silu_mul: double backward
+grouped_gemm_silu_mul, weights need grad, square loss: moonep::grouped_gemm_silu_mul: double backward
+grouped_gemm_silu_mul_with_gate_up, x need grad, sum loss: moonep::grouped_gemm_silu_mul_with_gate_up: double backward
+grouped_gemm_silu_mul_with_gate_up, x need grad, square loss: moonep::grouped_gemm_silu_mul_with_gate_up: double backward
+grouped_gemm_silu_mul_with_gate_up, w_gate, w_up need grad, sum loss: moonep::grouped_gemm_silu_mul_with_gate_up: double backward
+grouped_gemm_silu_mul_with_gate_up, w_gate, w_up need grad, square loss: moonep::grouped_gemm_silu_mul_with_gate_up: double backward
+grouped_gemm_silu_mul_with_gate_up, weights need grad, sum loss: moonep::grouped_gemm_silu_mul_with_gate_up: double backward
+grouped_gemm_silu_mul_with_gate_up, weights need grad, square loss: moonep::grouped_gemm_silu_mul_with_gate_up: double backward
+moonep_experts, x need grad, sum loss: moonep::grouped_gemm_silu_mul_with_gate_up: double backward
+moonep_experts, x need grad, square loss: moonep::grouped_gemm: double backward
+moonep_experts, w_gate, w_up need grad, sum loss: moonep::grouped_gemm_silu_mul_with_gate_up: double backward
+moonep_experts, w_gate, w_up need grad, square loss: moonep::grouped_gemm: double backward
+moonep_experts, weights need grad, sum loss: moonep::grouped_gemm: double backward
+moonep_experts, weights need grad, square loss: moonep::grouped_gemm: double backward
+moonep_experts(recompute=True), x need grad, sum loss: moonep::grouped_gemm_silu_mul: double backward
+moonep_experts(recompute=True), x need grad, square loss: moonep::grouped_gemm: double backward
+moonep_experts(recompute=True), w_gate, w_up need grad, sum loss: moonep::grouped_gemm_silu_mul: double backward
+moonep_experts(recompute=True), w_gate, w_up need grad, square loss: moonep::grouped_gemm: double backward
+moonep_experts(recompute=True), weights need grad, sum loss: moonep::grouped_gemm: double backward
+moonep_experts(recompute=True), weights need grad, square loss: moonep::grouped_gemm: double backward
+torch.ops.moonep.experts, x need grad, sum loss: moonep::experts: double backward
+torch.ops.moonep.experts, x need grad, square loss: moonep::experts: double backward
+torch.ops.moonep.experts, w_gate, w_up need grad, sum loss: moonep::experts: double backward
+torch.ops.moonep.experts, w_gate, w_up need grad, square loss: moonep::experts: double backward
+torch.ops.moonep.experts, weights need grad, sum loss: moonep::experts: double backward
+torch.ops.moonep.experts, weights need grad, square loss: moonep::experts: double backward""")
+
+    def test_message(self):
+        self.assertExpectedInline(_double_backward_error(("experts", "torch.ops.moonep.experts"), "x", "sum"), """moonep::experts: double backward (create_graph=True through this op) is not supported; differentiate a first-order gradient only""")
+
+
+def test_every_differentiable_op_has_a_double_backward_entry():
+    covered = {op_name for op_name, _ in DOUBLE_BACKWARD_PATHS}
+    assert covered == set(DIFFERENTIABLE_OPS), set(DIFFERENTIABLE_OPS) ^ covered
+    differentiable = set(SCHEMAS) - set(BACKWARD_OPS) - {n for n in SCHEMAS if n.endswith("_out")}
+    assert differentiable == set(DIFFERENTIABLE_OPS)
+
+
+@pytest.mark.parametrize("path", list(DOUBLE_BACKWARD_PATHS), ids=[p[1] for p in DOUBLE_BACKWARD_PATHS])
+def test_first_order_backward_in_grad_mode_still_works(path):
+    """A plain backward runs with grad mode off even when called in grad mode: not refused, and
+    float64 gradcheck of the first-order gradient passes."""
+    args = list(_double_backward_inputs())
+    idx = (0, 1, 2, 3, 4)
+    fn = DOUBLE_BACKWARD_PATHS[path]
+
+    def call(*diff):
+        full = list(args)
+        for i, t in zip(idx, diff):
+            full[i] = t
+        return fn(*full)
+
+    diff = [args[i].clone().requires_grad_() for i in idx]
+    with torch.enable_grad():
+        call(*diff).sum().backward()
+    assert any(t.grad is not None for t in diff)
+    assert torch.autograd.gradcheck(call, diff, fast_mode=True)

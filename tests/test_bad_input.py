@@ -10,6 +10,7 @@ the fakes must not read data, and the CUDA path must not sync to read it.
 """
 
 import contextlib
+import functools
 import unittest
 
 import expecttest
@@ -559,6 +560,16 @@ class TestCudaBadInput(BadInputCase):
             self.raises(smw, gate, up, rw, cu, eager_ctx=_no_sync),
             """moonep::silu_mul_weight: route_weights is on cpu but gate is on cuda:0; all tensors must be on one device""")
 
+    def test_none_for_a_required_tensor(self):
+        a, w, cu = _gg_args("cuda")
+        x, wg, wu, wd, rw, cu_e = (t.cuda() for t in _experts_args())
+        for fn, args, names in ((moonep_ops.grouped_gemm, (a, w, cu), {0: "a", 1: "w", 2: "cu"}),
+                                (moonep_ops.moonep_experts, (x, wg, wu, wd, cu_e, rw),
+                                 {0: "x", 1: "w_gate", 2: "w_up", 3: "w_down", 4: "cu"})):
+            cpu_args = tuple(t.cpu() for t in args)
+            self.assertEqual(_none_messages(self, fn, args, names, fake=False),
+                             _none_messages(self, fn, cpu_args, names, fake=False))
+
     def test_k_mismatch(self):
         a, w, cu = _gg_args("cuda")
         self.assertExpectedInline(
@@ -617,3 +628,111 @@ class TestExpertsBadInput(BadInputCase):
         self.assertExpectedInline(
             self.raises(experts_out_op, x, wg, wu, wd, rw, cu, torch.empty(K, NVS).t()),
             """moonep::experts_out: out must be contiguous, got shape [8, 16] with strides [1, 8]""")
+
+
+def _none_messages(case, fn, args, names, fake=True):
+    """``fn(*args)`` with each of ``names`` (positions of ``args``) replaced by None, one line each."""
+    lines = []
+    for i, name in names.items():
+        bad = list(args)
+        bad[i] = None
+        lines.append(f"{name}=None: {case.raises(fn, *bad, fake=fake)}")
+    return "\n".join(lines)
+
+
+class TestNoneForARequiredTensor(BadInputCase):
+    """None where a Tensor is required: the op and the argument named, eager and fake alike."""
+
+    def test_grouped_gemm(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(_none_messages(self, moonep_ops.grouped_gemm, (a, w, cu), {0: "a", 1: "w", 2: "cu"}), """\
+a=None: moonep::grouped_gemm: a must be a Tensor, got None
+w=None: moonep::grouped_gemm: w must be a Tensor, got None
+cu=None: moonep::grouped_gemm: cu_seqlens must be a Tensor, got None""")
+        self.assertExpectedInline(
+            _none_messages(self, gg_out, (a, w, cu, torch.empty(NVS, N)), {3: "out"}), """out=None: moonep::grouped_gemm_out: out must be a Tensor, got None""")
+
+    def test_silu_mul_weight(self):
+        gate, up, rw, cu = _smw_args()
+        self.assertExpectedInline(
+            _none_messages(self, moonep_ops.silu_mul_weight, (gate, up, rw, cu), {0: "gate", 1: "up", 3: "cu"}),
+            """\
+gate=None: moonep::silu_mul_weight: gate must be a Tensor, got None
+up=None: moonep::silu_mul_weight: up must be a Tensor, got None
+cu=None: moonep::silu_mul_weight: cu_seqlens must be a Tensor, got None""")
+
+    def test_fused(self):
+        names = {0: "x", 1: "w_gate", 2: "w_up", 4: "cu"}
+        self.assertExpectedInline(
+            _none_messages(self, moonep_ops.grouped_gemm_silu_mul, _ggsm_args(), names), """\
+x=None: moonep::grouped_gemm_silu_mul: x must be a Tensor, got None
+w_gate=None: moonep::grouped_gemm_silu_mul: w_gate must be a Tensor, got None
+w_up=None: moonep::grouped_gemm_silu_mul: w_up must be a Tensor, got None
+cu=None: moonep::grouped_gemm_silu_mul: cu_seqlens must be a Tensor, got None""")
+        self.assertExpectedInline(
+            _none_messages(self, moonep_ops.grouped_gemm_silu_mul_with_gate_up, _ggsm_args(), names), """\
+x=None: moonep::grouped_gemm_silu_mul_with_gate_up: x must be a Tensor, got None
+w_gate=None: moonep::grouped_gemm_silu_mul_with_gate_up: w_gate must be a Tensor, got None
+w_up=None: moonep::grouped_gemm_silu_mul_with_gate_up: w_up must be a Tensor, got None
+cu=None: moonep::grouped_gemm_silu_mul_with_gate_up: cu_seqlens must be a Tensor, got None""")
+
+    def test_moonep_experts_with_and_without_grad(self):
+        x, wg, wu, wd, rw, cu = _experts_args()
+        names = {0: "x", 1: "w_gate", 2: "w_up", 3: "w_down", 4: "cu"}
+        no_grad = _none_messages(self, moonep_ops.moonep_experts, (x, wg, wu, wd, cu, rw), names)
+        self.assertExpectedInline(no_grad, """\
+x=None: moonep::experts: x must be a Tensor, got None
+w_gate=None: moonep::experts: w_gate must be a Tensor, got None
+w_up=None: moonep::experts: w_up must be a Tensor, got None
+w_down=None: moonep::experts: w_down must be a Tensor, got None
+cu=None: moonep::experts: cu_seqlens must be a Tensor, got None""")
+        # With grad the wrapper composes the training ops; the messages must not change.
+        args = (x, wg.detach().requires_grad_(), wu, wd.detach().requires_grad_(), cu, rw)
+        self.assertEqual(_none_messages(self, moonep_ops.moonep_experts, args, names, fake=False), no_grad)
+        self.assertExpectedInline(
+            _none_messages(self, experts_out_op, (x, wg, wu, wd, rw, cu, torch.empty(NVS, K)), {6: "out"}),
+            """out=None: moonep::experts_out: out must be a Tensor, got None""")
+
+    def test_backward_ops(self):
+        a, w, cu = _gg_args()
+        grad = torch.randn(NVS, N)
+        ops = torch.ops.moonep
+        self.assertExpectedInline("\n".join([
+            _none_messages(self, ops.grouped_gemm_dgrad.default, (grad, w, cu), {0: "grad_out", 1: "w", 2: "cu"}),
+            _none_messages(self, ops.grouped_gemm_wgrad.default, (grad, a, cu), {0: "grad_out", 1: "a", 2: "cu"}),
+            _none_messages(self, ops.grouped_gemm_dual_dgrad.default, (grad, grad, w, w, cu), {1: "grad_up", 3: "w_up"}),
+            _none_messages(self, ops.silu_mul_weight_backward.default, (grad, grad, grad, None, cu), {0: "grad"}),
+            _none_messages(self, ops.grouped_gemm_silu_mul_backward.default, (grad, a, w, w, None, cu), {0: "grad"}),
+        ]), """\
+grad_out=None: moonep::grouped_gemm_dgrad: grad_out must be a Tensor, got None
+w=None: moonep::grouped_gemm_dgrad: w must be a Tensor, got None
+cu=None: moonep::grouped_gemm_dgrad: cu_seqlens must be a Tensor, got None
+grad_out=None: moonep::grouped_gemm_wgrad: grad_out must be a Tensor, got None
+a=None: moonep::grouped_gemm_wgrad: a must be a Tensor, got None
+cu=None: moonep::grouped_gemm_wgrad: cu_seqlens must be a Tensor, got None
+grad_up=None: moonep::grouped_gemm_dual_dgrad: grad_up must be a Tensor, got None
+w_up=None: moonep::grouped_gemm_dual_dgrad: w_up must be a Tensor, got None
+grad=None: moonep::silu_mul_weight_backward: grad must be a Tensor, got None
+grad=None: moonep::grouped_gemm_silu_mul_backward: grad must be a Tensor, got None""")
+
+
+class TestMoonepExpertsCuSeqlensValues(BadInputCase):
+    """Bad cu_seqlens values read as moonep::experts' error whether or not a gradient is needed."""
+
+    def test_same_message_with_and_without_grad(self):
+        x, wg, wu, wd, rw, _ = _experts_args()
+        lines = []
+        for ends in ((4, 2, 6), (-1, 2, 6), (3, 3, NVS + 1)):
+            cu = _cu(ends)
+            msgs = []
+            for needs in ((), (0,), (1, 2), (3,)):
+                args = [t.detach().requires_grad_(i in needs) for i, t in enumerate((x, wg, wu, wd))]
+                for recompute in (False, True):
+                    fn = functools.partial(moonep_ops.moonep_experts, recompute=recompute)
+                    msgs.append(self.raises(fn, *args, cu, rw, fake=False))
+            self.assertEqual(len(set(msgs)), 1, msgs)
+            lines.append(msgs[0])
+        self.assertExpectedInline("\n".join(lines), """\
+moonep::experts: cu_seqlens must be non-decreasing, got cu_seqlens[0] = 4 > cu_seqlens[1] = 2
+moonep::experts: cu_seqlens must be non-negative, got cu_seqlens[0] = -1
+moonep::experts: cu_seqlens[-1] = 9 exceeds NvS = 8 (the number of rows)""")

@@ -41,6 +41,7 @@ def grouped_gemm(a, w, cu_seqlens):
 
 def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
     checks.check_grouped_gemm_out("grouped_gemm_out", a, w, cu_seqlens, out)
+    checks.check_out_overlap("grouped_gemm_out", out, checks.GROUPED_GEMM_INPUTS, a, w, cu_seqlens)
     checks.check_cu_seqlens_values("grouped_gemm_out", cu_seqlens, a.shape[0])
     grouped_gemm_into(a, w, cu_seqlens, out)
 
@@ -108,6 +109,8 @@ def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
 
 def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
     checks.check_experts_out("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+    checks.check_out_overlap("experts_out", out, checks.EXPERTS_INPUTS, x, w_gate, w_up, w_down,
+                             route_weights, cu_seqlens, may_be="x")
     checks.check_cu_seqlens_values("experts_out", cu_seqlens, x.shape[0])
     _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
 

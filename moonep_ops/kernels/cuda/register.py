@@ -32,6 +32,7 @@ def grouped_gemm(a, w, cu_seqlens):
 
 def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
     checks.checked(checks.check_grouped_gemm_out, "grouped_gemm_out", a, w, cu_seqlens, out)
+    checks.check_out_overlap("grouped_gemm_out", out, checks.GROUPED_GEMM_INPUTS, a, w, cu_seqlens)
     checks.debug_checks("grouped_gemm_out", cu_seqlens, a.shape[0])
     with on_device(a):
         run_unfused(a, w, contiguous(cu_seqlens), out)
@@ -83,6 +84,8 @@ def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
 
 def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
     checks.checked(checks.check_experts_out, "experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+    checks.check_out_overlap("experts_out", out, checks.EXPERTS_INPUTS, x, w_gate, w_up, w_down,
+                             route_weights, cu_seqlens, may_be="x")
     checks.debug_checks("experts_out", cu_seqlens, x.shape[0])
     with on_device(x):
         experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
@@ -117,7 +120,7 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
     if wu_t.stride() != wg_t.stride():
         wg_t, wu_t = w_gate.contiguous().transpose(1, 2), w_up.contiguous().transpose(1, 2)
     with on_device(grad_gate):
-        triton_gemm.run(grad_gate, wg_t, wu_t, None, contiguous(cu_seqlens), out, choose_dual_dgrad, a2=grad_up)
+        triton_gemm.run(grad_gate, wg_t, wu_t, None, contiguous(cu_seqlens), out, choose_dual_dgrad, a_up=grad_up)
     return out
 
 
