@@ -1,19 +1,20 @@
-"""vLLM integration: ``MoonEPOpsExperts``, its plugin, and a one-device MoonEP prepare/finalize.
+"""vLLM integration: ``MoonEPOpsExperts``, ``MoonEPOpsPrepareAndFinalize`` and their plugin.
 
 Importing this package does not import vLLM; its members do, on first access, so
-``moonep_ops`` itself works without vLLM installed. See docs/vllm.md.
+``moonep_ops`` itself works without vLLM installed. :mod:`moonep_ops.vllm.device` (the
+prepare/finalize's device work) never imports vLLM. See docs/vllm.md.
 
 - :class:`~moonep_ops.vllm.experts.MoonEPOpsExperts`: vLLM's ``MoonEPExperts`` on the moonep ops.
+- :class:`~moonep_ops.vllm.prepare_finalize.MoonEPOpsPrepareAndFinalize`: vLLM's
+  ``MoonEPPrepareAndFinalize`` without host syncs or buffer creation in the forward.
 - :func:`~moonep_ops.vllm.plugin.register`: the ``vllm.general_plugins`` entry point.
-- :class:`~moonep_ops.vllm.prepare_finalize.MoonEPLayoutPrepareAndFinalize`: MoonEP's
-  dispatch/combine contract emulated on one device, for tests and benchmarks.
 """
 
 import importlib
 
 _MEMBERS = {
     "MoonEPOpsExperts": "experts",
-    "MoonEPLayoutPrepareAndFinalize": "prepare_finalize",
+    "MoonEPOpsPrepareAndFinalize": "prepare_finalize",
     "register": "plugin",
 }
 

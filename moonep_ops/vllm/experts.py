@@ -1,12 +1,14 @@
 """``MoonEPOpsExperts``: vLLM's MoonEP experts with the expert compute on the ``moonep`` ops.
 
-It subclasses vLLM's ``MoonEPExperts``, so the oracle's support predicates, the
-``[E+B]`` weight layout (``full_gate/up/down_weight``, built by vLLM at load time) and
-``process_weights_after_loading`` stay vLLM's. Only ``apply`` changes: three
+It subclasses vLLM's ``MoonEPExperts``, so the support predicates (but the device one:
+sm90+ here, any CUDA device in vLLM), the ``[E+B]`` weight layout (``full_gate/up/down_weight``,
+built by vLLM at load time) and ``process_weights_after_loading`` stay vLLM's. ``apply`` changes: three
 ``torch._grouped_mm`` calls, an eager ``silu``/``mul_``/``mul_`` and a final
 ``output.copy_`` become the ``moonep`` ops, which write straight into ``output``, apply
 the route weight in fp32 inside the activation and never sync the host.
 """
+
+from typing import ClassVar
 
 import torch
 
@@ -38,17 +40,22 @@ def _check_supported(moe_config: FusedMoEConfig, quant_config: FusedMoEQuantConf
 class MoonEPOpsExperts(MoonEPExperts):
     """MoonEP experts whose ``apply`` runs ``moonep_ops.moonep_experts`` into vLLM's output."""
 
+    #: Let vLLM's oracle pick this class on its CPU platform. For tests only: MoonEP itself
+    #: runs on sm90+ GPUs with NVSwitch multicast, and the ops' CPU kernels read cu_seqlens
+    #: on the host.
+    allow_cpu: ClassVar[bool] = False
+
     def __init__(self, moe_config: FusedMoEConfig, quant_config: FusedMoEQuantConfig,
                  max_num_tokens: int | None = None, num_dispatchers: int | None = None):
         _check_supported(moe_config, quant_config)
         super().__init__(moe_config, quant_config, max_num_tokens, num_dispatchers)
 
-    @staticmethod
-    def _supports_current_device() -> bool:
-        # The ops have Triton kernels for NVIDIA GPUs from sm80 and CPU kernels.
+    @classmethod
+    def _supports_current_device(cls) -> bool:
+        # MoonEP's devices: sm90+ (vLLM checks NVSwitch multicast when it builds the buffers).
         if current_platform.is_cuda():
-            return current_platform.has_device_capability(80)
-        return current_platform.is_cpu()
+            return current_platform.has_device_capability(90)
+        return cls.allow_cpu and current_platform.is_cpu()
 
     def workspace_shapes(self, M: int, N: int, K: int, topk: int, global_num_experts: int,
                          local_num_experts: int, expert_tokens_meta: mk.ExpertTokensMetadata | None,

@@ -1,129 +1,137 @@
-"""A one-device ``PrepareAndFinalize`` that hands experts exactly what MoonEP hands them.
+"""``MoonEPOpsPrepareAndFinalize``: vLLM's MoonEP prepare/finalize without host syncs in the forward.
 
-For tests and benchmarks of MoonEP experts inside vLLM's ``FusedMoEKernel`` without MoonEP's
-multi-GPU buffers: dispatch and combine are :mod:`moonep_ops.layout`'s emulation, and the
-prefetch slots ``[E, E+B)`` of the experts' weight layout get copies of this step's hottest
-experts, as MoonEP's ``prefetch_weight`` does. Everything stays on the device (no host sync),
-so a step can be captured in a CUDA graph.
+vLLM's ``MoonEPPrepareAndFinalize.prepare`` counts tokens per expert with ``torch.bincount``
+(on CUDA a device-to-host sync in every MoE layer), creates ``moonep.Buffer`` instances lazily
+inside the forward (allocation and collectives), and pads the batch with fresh tensors. This
+subclass keeps vLLM's buffer pool, capacity choice (host data only: the step's token count
+and ``dp_metadata.num_tokens_across_dp_cpu``), plan bookkeeping and the MoonEP calls, and changes
+where the work happens:
 
-``prepare`` returns ``[NvS, H]`` rows in segment order, per-row segment lengths as
-``ExpertTokensMetadata.expert_num_tokens`` and fp32 route weights in ``NvS`` order (in the
-top-k weights slot); ``finalize`` sums each token's rows (the experts applied the weights).
+- every pool capacity gets its ``Buffer`` and its :class:`~moonep_ops.vllm.device.Staging`
+  tensors in ``post_init_setup``, when vLLM builds the ``FusedMoEKernel`` at model load, in
+  the same order on every rank; a forward only looks them up;
+- the per-expert counts are a ``scatter_add_`` into a fixed ``[E]`` buffer;
+- dispatch hands back MoonEP's own shard (``zero_copy``) where MoonEP offers it, and the
+  segment lengths go into a fixed ``[E+B]`` buffer, so what ``prepare`` returns sits at the same
+  addresses every step.
+
+The device work itself is :mod:`moonep_ops.vllm.device` (plain torch, tested under CUDA-graph
+capture without vLLM).
 """
+
+import weakref
 
 import torch
 
 import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.fused_moe.config import FusedMoEQuantConfig
+from vllm.model_executor.layers.fused_moe.prepare_finalize.moonep import (
+    MoonEPBufferPool,
+    MoonEPPrepareAndFinalize,
+)
 from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import TopKWeightAndReduceNoOP
 
-from .. import layout
+from . import device
+
+# Staging per pool and capacity: a pool (one per Buffer geometry) serves every MoE layer, and
+# layers run one after another, so they share it as they share the MoonEP Buffers.
+_STAGING: "weakref.WeakKeyDictionary[MoonEPBufferPool, dict[int, device.Staging]]" = (
+    weakref.WeakKeyDictionary())
 
 
-class MoonEPLayoutPrepareAndFinalize(mk.FusedMoEPrepareAndFinalizeModular):
-    """MoonEP's prepare/finalize contract on one device, built on :mod:`moonep_ops.layout`.
+def pool_capacities(pool: MoonEPBufferPool) -> list[int]:
+    """Every capacity ``pool.capacity_for`` can return: powers of two from 128, then the maximum."""
+    caps, n = set(), 1
+    while n < pool.max_tokens_per_rank:
+        caps.add(pool.capacity_for(n))
+        n *= 2
+    caps.add(pool.capacity_for(pool.max_tokens_per_rank))
+    return sorted(caps)
 
-    Args:
-        num_experts: ``E``; the experts' weight layout must have ``E + B`` rows.
-        token_padding: each non-empty segment is padded to a multiple of this (MoonEP: 128).
-        fill_tail: value written to the undefined rows past ``cu_seqlens[-1]`` (tests use
-            NaN to prove nothing reads them); None leaves them uninitialised, as MoonEP does.
-    """
 
-    def __init__(self, num_experts: int, *, token_padding: int = 128,
-                 fill_tail: float | None = None):
-        super().__init__()
-        self.num_experts = num_experts
-        self.token_padding = token_padding
-        self.fill_tail = fill_tail
-        self._fused_experts = None
-        self._dispatched: layout.Dispatched | None = None
+class MoonEPOpsPrepareAndFinalize(MoonEPPrepareAndFinalize):
+    """MoonEP dispatch/combine for vLLM's modular kernel; a forward never syncs the host."""
+
+    def __init__(self, buffer_pool: MoonEPBufferPool, max_tokens_per_rank: int,
+                 num_dispatchers: int, num_global_experts: int, weight_layout=None):
+        super().__init__(buffer_pool, max_tokens_per_rank, num_dispatchers, num_global_experts,
+                         weight_layout)
+        self._staging: dict[int, device.Staging] = {}
+        self._zero_copy = False
 
     def post_init_setup(self, fused_experts: mk.FusedMoEExperts) -> None:
-        # The weight layout arrives with process_weights_after_loading, after this: read it
-        # from the experts in prepare().
-        self._fused_experts = fused_experts
+        """Create every Buffer and staging set now (model load), never inside a forward."""
+        super().post_init_setup(fused_experts)
+        moe = fused_experts.moe_config
+        kwargs = self.buffer_pool._kwargs  # vLLM's Buffer arguments, less S
+        dev = torch.device(moe.device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        shared = _STAGING.setdefault(self.buffer_pool, {})
+        for capacity in pool_capacities(self.buffer_pool):
+            _, buffer = self.buffer_pool.get(capacity)
+            if capacity not in shared:
+                shared[capacity] = device.Staging.allocate(
+                    capacity, kwargs["H"], kwargs["K"], kwargs["E"], kwargs["B"], moe.in_dtype, dev)
+            self._staging[capacity] = shared[capacity]
+        self._zero_copy = device.supports_zero_copy(buffer)
 
-    @property
-    def activation_format(self) -> mk.FusedMoEActivationFormat:
-        return mk.FusedMoEActivationFormat.Standard
-
-    def topk_indices_dtype(self) -> torch.dtype | None:
-        return None  # dispatch takes int32 or int64
-
-    def max_num_tokens_per_rank(self) -> int | None:
-        return None
-
-    def num_dispatchers(self) -> int:
-        return 1
-
-    def output_is_reduced(self) -> bool:
-        return True  # one device: combine's output is final
-
-    def _weight_layout(self):
-        weights = getattr(self._fused_experts, "weight_layout", None)
-        if weights is None:
-            raise RuntimeError("MoonEPLayoutPrepareAndFinalize: the experts have no MoonEP weight "
-                               "layout (process_weights_after_loading has not run)")
-        rows = weights.full_gate_weight.shape[0]
-        if rows != self.num_experts + weights.num_prefetch_slots:
-            raise ValueError(f"weight layout has {rows} rows, expected E + B = "
-                             f"{self.num_experts} + {weights.num_prefetch_slots}")
-        return weights
-
-    def _prefetch(self, weights, prefetch_for: torch.Tensor) -> None:
-        """Fill slot ``E + b`` with expert ``prefetch_for[b]``'s weights (MoonEP's prefetch_weight)."""
-        e = self.num_experts
-        for w in (weights.full_gate_weight, weights.full_up_weight, weights.full_down_weight):
-            w[e:].copy_(w[:e].index_select(0, prefetch_for))
+    def _step_capacity(self, num_tokens: int) -> int:
+        """vLLM's rank-symmetric capacity: from the largest DP rank's token count (host data)."""
+        try:
+            dp_meta = get_forward_context().dp_metadata
+        except AssertionError:  # outside a forward context (tests)
+            dp_meta = None
+        if dp_meta is not None:
+            num_tokens = max(num_tokens, int(dp_meta.num_tokens_across_dp_cpu.max()))
+        return self.buffer_pool.capacity_for(num_tokens)
 
     def prepare(self, a1: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                 num_experts: int, expert_map: torch.Tensor | None,
                 apply_router_weight_on_input: bool, quant_config: FusedMoEQuantConfig,
                 defer_input_quant: bool = False) -> mk.PrepareResultType:
+        name = type(self).__name__
+        if a1.dtype != torch.bfloat16:
+            raise NotImplementedError(f"{name}: MoonEP dispatches BF16 hidden states only")
         if quant_config.quant_dtype is not None:
-            raise NotImplementedError("MoonEPLayoutPrepareAndFinalize: no quantized dispatch")
-        if expert_map is not None:
-            raise NotImplementedError("MoonEPLayoutPrepareAndFinalize is one device: no expert_map")
-        if num_experts != self.num_experts:
-            raise ValueError(f"num_experts = {num_experts}, but this was built for {self.num_experts}")
-        if self._dispatched is not None:
-            raise RuntimeError("MoonEPLayoutPrepareAndFinalize.prepare() called again before finalize()")
-        weights = self._weight_layout()
-        topk_weights = topk_weights.float()
-        if apply_router_weight_on_input:
-            if topk_ids.shape[1] != 1:
-                raise ValueError("apply_router_weight_on_input needs top-1 routing, got top-"
-                                 f"{topk_ids.shape[1]}")
-            a1 = (a1.float() * topk_weights).to(a1.dtype)
-        # Invalid (negative) ids from the engine go to expert 0 with zero weight, as in vLLM.
-        invalid = topk_ids < 0
-        topk_ids = torch.where(invalid, torch.zeros_like(topk_ids), topk_ids)
-        topk_weights = torch.where(invalid, torch.zeros_like(topk_weights), topk_weights)
-
-        d = layout.dispatch(a1, topk_ids, topk_weights, num_experts,
-                            token_padding=self.token_padding,
-                            num_prefetch=weights.num_prefetch_slots, fill_tail=self.fill_tail)
-        self._prefetch(weights, d.prefetch_for)
-        self._dispatched = d
-        lengths = torch.diff(d.cu_seqlens, prepend=d.cu_seqlens.new_zeros(1))
-        meta = mk.ExpertTokensMetadata(expert_num_tokens=lengths, expert_num_tokens_cpu=None)
+            raise NotImplementedError(f"{name}: MoonEP has no quantized dispatch")
+        if num_experts != self.num_global_experts:
+            raise ValueError(f"{name}: num_experts = {num_experts}, built for {self.num_global_experts}")
+        if self._plan is not None:
+            raise RuntimeError(f"{name}.prepare() called again before finalize()")
+        if apply_router_weight_on_input and topk_ids.size(1) != 1:
+            raise ValueError(f"{name}: apply_router_weight_on_input needs top-1 routing, "
+                             f"got top-{topk_ids.size(1)}")
+        num_tokens = a1.shape[0]
+        capacity = self._step_capacity(num_tokens)
+        if num_tokens > capacity:
+            raise ValueError(f"MoonEP static buffer capacity exceeded: {num_tokens} tokens > S={capacity}.")
+        staging = self._staging.get(capacity)
+        if staging is None:
+            raise RuntimeError(f"{name}: no MoonEP buffer of capacity {capacity}; they are made in "
+                               "post_init_setup (FusedMoEKernel construction), never in a forward")
+        _, buffer = self.buffer_pool.get(capacity)  # made in post_init_setup: a lookup
+        layout = self._resolve_weight_layout()
+        d = device.dispatch_step(buffer, staging, layout[:3], a1, topk_ids, topk_weights,
+                                 apply_router_weight_on_input, self._zero_copy)
+        self._buffer, self._plan, self._cu_seqlens = buffer, d.plan, d.cu_seqlens
+        self._num_tokens = num_tokens
+        meta = mk.ExpertTokensMetadata(expert_num_tokens=d.segment_lengths, expert_num_tokens_cpu=None)
         # No per-row top-k ids after dispatch; the route weights ride in the top-k weights slot.
-        return d.x_nvs, None, meta, None, d.route_weights
+        return d.hidden_nvsh, None, meta, None, d.route_weights_nvs
 
     def finalize(self, output: torch.Tensor, fused_expert_output: torch.Tensor,
                  topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  apply_router_weight_on_input: bool,
                  weight_and_reduce_impl: mk.TopKWeightAndReduce) -> None:
-        # The experts applied the route weights; combine only sums, so anything but NoOP means
-        # the experts were not MoonEP's.
+        name = type(self).__name__
+        # The experts applied the route weights and combine sums, so anything but NoOP means the
+        # experts are not MoonEP's.
         if not isinstance(weight_and_reduce_impl, TopKWeightAndReduceNoOP):
-            raise ValueError("MoonEP experts must finalize with TopKWeightAndReduceNoOP, got "
+            raise ValueError(f"{name}: MoonEP experts finalize with TopKWeightAndReduceNoOP, got "
                              f"{type(weight_and_reduce_impl).__name__}")
-        d = self._dispatched
-        if d is None:
-            raise RuntimeError("MoonEPLayoutPrepareAndFinalize.finalize() without prepare()")
-        self._dispatched = None
-        # combine returns a fresh tensor, so this is safe even when vLLM made
-        # fused_expert_output an alias of output (same shape when NvS == num_tokens).
-        output.copy_(layout.combine(fused_expert_output, d, output.shape[0]))
+        if self._plan is None:
+            raise RuntimeError(f"{name}.finalize() without prepare()")
+        plan, self._plan, self._cu_seqlens = self._plan, None, None
+        device.combine_step(self._buffer, plan, fused_expert_output, output)
