@@ -37,7 +37,7 @@ def render(result: dict, padding: int = 128) -> str:
         raise ValueError(f"no rows with token_padding={padding} in the results")
     env = result["env"]
     settle = f", each path first replayed for {env['settle_s']:g} s" if env.get("settle_s") else ""
-    lines = [f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}; bf16; "
+    lines = [f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date'].split()[0]}; bf16; "
              f"median of {env.get('reps', '?')} CUDA-graph replays{settle}; segments padded to {padding} rows.",
              "",
              "| shape | NvS | rows in segments | floor µs | vLLM 0.33 µs (eff) | moonep µs (eff) | speedup |",
