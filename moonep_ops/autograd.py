@@ -32,13 +32,8 @@ capture safe (the ops never sync the host).
 import torch
 
 from .schemas import NAMESPACE, lib, op
+from .schemas import overloads as _ops
 
-_grouped_gemm_dgrad = op("grouped_gemm_dgrad")
-_grouped_gemm_dual_dgrad = op("grouped_gemm_dual_dgrad")
-_grouped_gemm_wgrad = op("grouped_gemm_wgrad")
-_silu_mul_weight_backward = op("silu_mul_weight_backward")
-_grouped_gemm_silu_mul_backward = op("grouped_gemm_silu_mul_backward")
-_grouped_gemm_silu_mul = op("grouped_gemm_silu_mul")
 
 BACKWARD_OPS = ("grouped_gemm_dgrad", "grouped_gemm_dual_dgrad", "grouped_gemm_wgrad",
                 "silu_mul_weight_backward", "grouped_gemm_silu_mul_backward")
@@ -72,8 +67,8 @@ def _grouped_gemm_setup(ctx, inputs, output):
 
 def _grouped_gemm_backward(ctx, grad):
     a, w, cu_seqlens = ctx.saved_tensors
-    da = _grouped_gemm_dgrad(grad, w, cu_seqlens) if ctx.needs_input_grad[0] else None
-    dw = _grouped_gemm_wgrad(grad, a, cu_seqlens) if ctx.needs_input_grad[1] else None
+    da = _ops.grouped_gemm_dgrad(grad, w, cu_seqlens) if ctx.needs_input_grad[0] else None
+    dw = _ops.grouped_gemm_wgrad(grad, a, cu_seqlens) if ctx.needs_input_grad[1] else None
     return da, dw, None
 
 
@@ -86,7 +81,7 @@ def _silu_mul_weight_setup(ctx, inputs, output):
 
 def _silu_mul_weight_backward_fn(ctx, grad):
     gate, up, route_weights, cu_seqlens = ctx.saved_tensors
-    d_gate, d_up, d_rw = _silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens)
+    d_gate, d_up, d_rw = _ops.silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens)
     need = ctx.needs_input_grad
     return (d_gate if need[0] else None, d_up if need[1] else None,
             d_rw if route_weights is not None and need[2] else None, None)
@@ -97,9 +92,9 @@ def _silu_mul_weight_backward_fn(ctx, grad):
 def _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens):
     """``(dx, d w_gate, d w_up)`` of the gate/up projections from their output gradients, each
     only if ``need`` (the first three of ``ctx.needs_input_grad``) asks: one dual dgrad, two wgrads."""
-    dx = _grouped_gemm_dual_dgrad(d_gate, d_up, w_gate, w_up, cu_seqlens) if need[0] else None
-    dw_gate = _grouped_gemm_wgrad(d_gate, x, cu_seqlens) if need[1] else None
-    dw_up = _grouped_gemm_wgrad(d_up, x, cu_seqlens) if need[2] else None
+    dx = _ops.grouped_gemm_dual_dgrad(d_gate, d_up, w_gate, w_up, cu_seqlens) if need[0] else None
+    dw_gate = _ops.grouped_gemm_wgrad(d_gate, x, cu_seqlens) if need[1] else None
+    dw_up = _ops.grouped_gemm_wgrad(d_up, x, cu_seqlens) if need[2] else None
     return dx, dw_gate, dw_up
 
 
@@ -110,7 +105,7 @@ def _fused_setup(ctx, inputs, output):
 
 def _fused_backward(ctx, grad):
     x, w_gate, w_up, route_weights, cu_seqlens = ctx.saved_tensors
-    d_gate, d_up, d_rw = _grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens)
+    d_gate, d_up, d_rw = _ops.grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens)
     need = ctx.needs_input_grad
     dx, dw_gate, dw_up = _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens)
     drw = d_rw if route_weights is not None and need[3] else None
@@ -132,7 +127,7 @@ def _fused_saved_backward(ctx, d_act, d_gate_direct, d_up_direct):
     x, w_gate, w_up, gate, up, route_weights, cu_seqlens = ctx.saved_tensors
     d_gate = d_up = d_rw = None
     if d_act is not None:
-        d_gate, d_up, d_rw = _silu_mul_weight_backward(d_act, gate, up, route_weights, cu_seqlens)
+        d_gate, d_up, d_rw = _ops.silu_mul_weight_backward(d_act, gate, up, route_weights, cu_seqlens)
     d_gate = _add_grads(d_gate, d_gate_direct)
     d_up = _add_grads(d_up, d_up_direct)
     need = ctx.needs_input_grad
@@ -157,12 +152,12 @@ def _experts_backward(ctx, grad):
     dw_down = None
     if need[3]:
         with torch.no_grad():
-            act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
-        dw_down = _grouped_gemm_wgrad(grad, act, cu_seqlens)
+            act = _ops.grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
+        dw_down = _ops.grouped_gemm_wgrad(grad, act, cu_seqlens)
     if not any(need[:3]) and not (route_weights is not None and need[4]):
         return None, None, None, dw_down, None, None
-    d_act = _grouped_gemm_dgrad(grad, w_down, cu_seqlens)
-    d_gate, d_up, d_rw = _grouped_gemm_silu_mul_backward(d_act, x, w_gate, w_up, route_weights, cu_seqlens)
+    d_act = _ops.grouped_gemm_dgrad(grad, w_down, cu_seqlens)
+    d_gate, d_up, d_rw = _ops.grouped_gemm_silu_mul_backward(d_act, x, w_gate, w_up, route_weights, cu_seqlens)
     dx, dw_gate, dw_up = _gate_up_input_grads(need, d_gate, d_up, x, w_gate, w_up, cu_seqlens)
     drw = d_rw if route_weights is not None and need[4] else None
     return dx, dw_gate, dw_up, dw_down, drw, None
@@ -222,8 +217,8 @@ def _nondifferentiable(name: str):
     return kernel
 
 
-lib.impl("grouped_gemm_out", _out_variant_autograd("grouped_gemm_out", "moonep_ops.grouped_gemm / moonep_experts"), "Autograd",
-         with_keyset=True)
+lib.impl("grouped_gemm_out", _out_variant_autograd("grouped_gemm_out", "moonep_ops.grouped_gemm / moonep_experts"),
+         "Autograd", with_keyset=True)
 lib.impl("experts_out", _out_variant_autograd("experts_out", "moonep_ops.moonep_experts"), "Autograd", with_keyset=True)
 for _name in BACKWARD_OPS:
     lib.impl(_name, _nondifferentiable(_name), "Autograd", with_keyset=True)

@@ -101,15 +101,29 @@ def _check_cu_seqlens_meta(op_name: str, cu_seqlens: torch.Tensor, num_groups=No
         )
 
 
+def _check_rank(op_name: str, name: str, t: torch.Tensor, layout: str) -> None:
+    """``t`` has one dimension per name in ``layout`` (e.g. ``"[NvS, K]"``)."""
+    dims = layout.count(",") + 1
+    _check(t.dim() == dims, _fail(op_name, lambda: f"{name} must be {dims}-D {layout}, got shape {_shape(t)}"))
+
+
+def _check_operands(op_name: str, ref_name: str, ref: torch.Tensor, other_name: str, other: torch.Tensor,
+                    cu_seqlens: torch.Tensor, num_groups=None) -> None:
+    """A GEMM's two operands: ``ref``'s dtype allowed on its device, ``other`` in the same dtype,
+    all on one device, and ``cu_seqlens``'s metadata (``num_groups`` entries when given)."""
+    _check_dtype(op_name, ref_name, ref)
+    _check_same_dtype(op_name, other_name, other, ref_name, ref)
+    _check_same_device(op_name, ref_name, ref, **{other_name: other, "cu_seqlens": cu_seqlens})
+    _check_cu_seqlens_meta(op_name, cu_seqlens, num_groups, other_name)
+
+
 def check_grouped_gemm(op_name: str, a: torch.Tensor, w: torch.Tensor,
                        cu_seqlens: torch.Tensor, *, a_name: str = "a", w_name: str = "w") -> None:
     """``a [NvS, K]``, ``w [G, N, K]``, ``cu_seqlens [G]``; ``a_name``/``w_name`` are the
     argument names the calling op's schema uses (errors must name what the user passed)."""
     _check_tensors(op_name, **{a_name: a, w_name: w, "cu_seqlens": cu_seqlens})
-    _check(a.dim() == 2,
-           _fail(op_name, lambda: f"{a_name} must be 2-D [NvS, K], got shape {_shape(a)}"))
-    _check(w.dim() == 3,
-           _fail(op_name, lambda: f"{w_name} must be 3-D [G, N, K], got shape {_shape(w)}"))
+    _check_rank(op_name, a_name, a, "[NvS, K]")
+    _check_rank(op_name, w_name, w, "[G, N, K]")
     _check(w.shape[0] >= 1,
            _fail(op_name, lambda: f"{w_name} must have G >= 1 groups, got shape {_shape(w)}"))
     _check(
@@ -117,14 +131,7 @@ def check_grouped_gemm(op_name: str, a: torch.Tensor, w: torch.Tensor,
         _fail(op_name, lambda: f"{a_name} is [NvS, K] = {_shape(a)} and {w_name} is [G, N, K] = "
               f"{_shape(w)}: K must match (out = {a_name} @ {w_name}[g].T)"),
     )
-    _check_dtype(op_name, a_name, a)
-    _check(
-        w.dtype == a.dtype,
-        _fail(op_name, lambda: f"{w_name} has dtype {w.dtype} but {a_name} has dtype {a.dtype}; "
-              "they must match"),
-    )
-    _check_same_device(op_name, a_name, a, **{w_name: w, "cu_seqlens": cu_seqlens})
-    _check_cu_seqlens_meta(op_name, cu_seqlens, w.shape[0], w_name)
+    _check_operands(op_name, a_name, a, w_name, w, cu_seqlens, w.shape[0])
 
 
 def check_out(op_name: str, out: torch.Tensor, shape, dtype: torch.dtype,
@@ -181,6 +188,14 @@ def check_out_overlap(op_name: str, out: torch.Tensor, names: tuple, *inputs, ma
                                f"memory with any input{allowed} (pass a separate buffer)")
 
 
+def check_grouped_gemm_out_overlap(op_name: str, a, w, cu_seqlens, out) -> None:
+    check_out_overlap(op_name, out, GROUPED_GEMM_INPUTS, a, w, cu_seqlens)
+
+
+def check_experts_out_overlap(op_name: str, x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
+    check_out_overlap(op_name, out, EXPERTS_INPUTS, x, w_gate, w_up, w_down, route_weights, cu_seqlens, may_be="x")
+
+
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
             and a.dtype == b.dtype)
@@ -189,7 +204,7 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
 def check_silu_mul_weight(op_name: str, gate: torch.Tensor, up: torch.Tensor,
                           route_weights, cu_seqlens: torch.Tensor) -> None:
     _check_tensors(op_name, gate=gate, up=up, cu_seqlens=cu_seqlens)
-    _check(gate.dim() == 2, _fail(op_name, lambda: f"gate must be 2-D [NvS, I], got shape {_shape(gate)}"))
+    _check_rank(op_name, "gate", gate, "[NvS, I]")
     _check(
         up.dim() == gate.dim() and all(u == g for u, g in zip(up.shape, gate.shape)),
         _fail(op_name, lambda: f"up has shape {_shape(up)} but gate has shape {_shape(gate)}; they must match"),
@@ -291,19 +306,15 @@ def check_grouped_gemm_dgrad(op_name: str, grad_out: torch.Tensor, w: torch.Tens
                              cu_seqlens: torch.Tensor) -> None:
     """``grad_out [NvS, N]``, ``w [G, N, K]``, ``cu_seqlens [G]``."""
     _check_tensors(op_name, grad_out=grad_out, w=w, cu_seqlens=cu_seqlens)
-    _check(grad_out.dim() == 2,
-           _fail(op_name, lambda: f"grad_out must be 2-D [NvS, N], got shape {_shape(grad_out)}"))
-    _check(w.dim() == 3, _fail(op_name, lambda: f"w must be 3-D [G, N, K], got shape {_shape(w)}"))
+    _check_rank(op_name, "grad_out", grad_out, "[NvS, N]")
+    _check_rank(op_name, "w", w, "[G, N, K]")
     _check(w.shape[0] >= 1, _fail(op_name, lambda: f"w must have G >= 1 groups, got shape {_shape(w)}"))
     _check(
         grad_out.shape[1] == w.shape[1],
         _fail(op_name, lambda: f"grad_out is [NvS, N] = {_shape(grad_out)} and w is [G, N, K] = {_shape(w)}: "
               "N must match (grad_a = grad_out @ w[g])"),
     )
-    _check_dtype(op_name, "grad_out", grad_out)
-    _check_same_dtype(op_name, "w", w, "grad_out", grad_out)
-    _check_same_device(op_name, "grad_out", grad_out, w=w, cu_seqlens=cu_seqlens)
-    _check_cu_seqlens_meta(op_name, cu_seqlens, w.shape[0])
+    _check_operands(op_name, "grad_out", grad_out, "w", w, cu_seqlens, w.shape[0])
 
 
 def check_grouped_gemm_dual_dgrad(op_name: str, grad_gate: torch.Tensor, grad_up: torch.Tensor,
@@ -320,18 +331,14 @@ def check_grouped_gemm_wgrad(op_name: str, grad_out: torch.Tensor, a: torch.Tens
                              cu_seqlens: torch.Tensor) -> None:
     """``grad_out [NvS, N]``, ``a [NvS, K]``, ``cu_seqlens [G]`` (G is taken from cu_seqlens)."""
     _check_tensors(op_name, grad_out=grad_out, a=a, cu_seqlens=cu_seqlens)
-    _check(grad_out.dim() == 2,
-           _fail(op_name, lambda: f"grad_out must be 2-D [NvS, N], got shape {_shape(grad_out)}"))
-    _check(a.dim() == 2, _fail(op_name, lambda: f"a must be 2-D [NvS, K], got shape {_shape(a)}"))
+    _check_rank(op_name, "grad_out", grad_out, "[NvS, N]")
+    _check_rank(op_name, "a", a, "[NvS, K]")
     _check(
         grad_out.shape[0] == a.shape[0],
         _fail(op_name, lambda: f"grad_out is [NvS, N] = {_shape(grad_out)} and a is [NvS, K] = {_shape(a)}: "
               "NvS must match (grad_w[g] = grad_out[seg].T @ a[seg])"),
     )
-    _check_dtype(op_name, "grad_out", grad_out)
-    _check_same_dtype(op_name, "a", a, "grad_out", grad_out)
-    _check_same_device(op_name, "grad_out", grad_out, a=a, cu_seqlens=cu_seqlens)
-    _check_cu_seqlens_meta(op_name, cu_seqlens)
+    _check_operands(op_name, "grad_out", grad_out, "a", a, cu_seqlens)
 
 
 def check_silu_mul_weight_backward(op_name: str, grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,

@@ -9,16 +9,8 @@ from typing import Optional
 import torch
 
 from . import checks
-from .schemas import op
+from .schemas import overloads as _ops
 
-# Resolved once: attribute lookups on torch.ops cost host time on every call.
-_grouped_gemm = op("grouped_gemm")
-_grouped_gemm_out = op("grouped_gemm_out")
-_silu_mul_weight = op("silu_mul_weight")
-_grouped_gemm_silu_mul = op("grouped_gemm_silu_mul")
-_grouped_gemm_silu_mul_with_gate_up = op("grouped_gemm_silu_mul_with_gate_up")
-_experts = op("experts")
-_experts_out = op("experts_out")
 
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, cu_seqlens: torch.Tensor, *,
@@ -36,8 +28,8 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, cu_seqlens: torch.Tensor, *,
         ``cu_seqlens[-1]`` are zero, and those rows of ``a`` are never read.
     """
     if out is None:
-        return _grouped_gemm(a, w, cu_seqlens)
-    _grouped_gemm_out(a, w, cu_seqlens, out)
+        return _ops.grouped_gemm(a, w, cu_seqlens)
+    _ops.grouped_gemm_out(a, w, cu_seqlens, out)
     return out
 
 
@@ -50,7 +42,7 @@ def silu_mul_weight(gate: torch.Tensor, up: torch.Tensor,
     input before dispatch (top-1, Llama-4 style). Rows at or past ``cu_seqlens[-1]`` are
     zero and never read.
     """
-    return _silu_mul_weight(gate, up, route_weights, cu_seqlens)
+    return _ops.silu_mul_weight(gate, up, route_weights, cu_seqlens)
 
 
 def grouped_gemm_silu_mul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -62,7 +54,7 @@ def grouped_gemm_silu_mul(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Ten
     activation to the fp32 accumulators: gate and up are never rounded or written out.
     Returns ``act [NvS, I]`` in ``x``'s dtype; rows at or past ``cu_seqlens[-1]`` are zero.
     """
-    return _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
+    return _ops.grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
 
 
 def grouped_gemm_silu_mul_with_gate_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -76,7 +68,7 @@ def grouped_gemm_silu_mul_with_gate_up(x: torch.Tensor, w_gate: torch.Tensor, w_
     GEMM tiles' accumulation order), and the backward reuses the saved gate and up instead of
     recomputing them. Rows at or past ``cu_seqlens[-1]`` are zero.
     """
-    return _grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
+    return _ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
 
 
 def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -101,17 +93,17 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     """
     if not _needs_grad(x, w_gate, w_up, w_down, route_weights):
         if out is None:
-            return _experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
-        _experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+            return _ops.experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+        _ops.experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
         return out
     # Training composes the separate ops; bad input still reads as the experts op's error, as
     # without grad (under torch.compile the ops' fakes check: Dynamo cannot trace the lazy messages).
     if not torch.compiler.is_compiling():
         _check_experts_args(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     if recompute or not _needs_grad(x, w_gate, w_up, route_weights):  # (only w_down: nothing to save)
-        act = _grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
+        act = _ops.grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
     else:
-        act, _, _ = _grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
+        act, _, _ = _ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
     return grouped_gemm(act, w_down, cu_seqlens, out=out)
 
 

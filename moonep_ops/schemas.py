@@ -7,6 +7,8 @@ torch.library.Library"). Kernels attach per device in ``moonep_ops/kernels``; fa
 impls live in the top-level ``fake_impls`` package.
 """
 
+import types
+
 import torch
 
 NAMESPACE = "moonep"
@@ -61,3 +63,7 @@ for _schema in SCHEMAS.values():
 def op(name: str) -> torch._ops.OpOverload:
     """The default overload of ``moonep::<name>``."""
     return getattr(getattr(torch.ops, NAMESPACE), name).default
+
+
+# Every op's default overload, resolved once: attribute lookups on torch.ops cost host time per call.
+overloads = types.SimpleNamespace(**{name: op(name) for name in SCHEMAS})

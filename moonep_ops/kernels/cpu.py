@@ -8,7 +8,14 @@ Rows at or past ``cu_seqlens[-1]`` are never read and come out as zeros.
 import torch
 
 from .. import checks
-from ..schemas import lib
+from ..schemas import SCHEMAS, lib
+
+
+def _validate(check, op_name: str, cu_seqlens, *args) -> None:
+    """``check(op_name, *args)`` (metadata), then the values of ``cu_seqlens`` against the rows of
+    ``args[0]``: the CPU path reads them anyway, so it validates them too."""
+    check(op_name, *args)
+    checks.check_cu_seqlens_values(op_name, cu_seqlens, args[0].shape[0])
 
 
 def segments(cu_seqlens: torch.Tensor):
@@ -32,23 +39,21 @@ def grouped_gemm_into(a, w, cu_seqlens, out) -> None:
 
 
 def grouped_gemm(a, w, cu_seqlens):
-    checks.check_grouped_gemm("grouped_gemm", a, w, cu_seqlens)
-    checks.check_cu_seqlens_values("grouped_gemm", cu_seqlens, a.shape[0])
+    _validate(checks.check_grouped_gemm, "grouped_gemm", cu_seqlens, a, w, cu_seqlens)
     out = torch.empty((a.shape[0], w.shape[1]), dtype=a.dtype, device=a.device)
     grouped_gemm_into(a, w, cu_seqlens, out)
     return out
 
 
 def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
-    checks.check_grouped_gemm_out("grouped_gemm_out", a, w, cu_seqlens, out)
-    checks.check_out_overlap("grouped_gemm_out", out, checks.GROUPED_GEMM_INPUTS, a, w, cu_seqlens)
-    checks.check_cu_seqlens_values("grouped_gemm_out", cu_seqlens, a.shape[0])
+    _validate(checks.check_grouped_gemm_out, "grouped_gemm_out", cu_seqlens, a, w, cu_seqlens, out)
+    checks.check_grouped_gemm_out_overlap("grouped_gemm_out", a, w, cu_seqlens, out)
     grouped_gemm_into(a, w, cu_seqlens, out)
 
 
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
-    checks.check_silu_mul_weight("silu_mul_weight", gate, up, route_weights, cu_seqlens)
-    checks.check_cu_seqlens_values("silu_mul_weight", cu_seqlens, gate.shape[0])
+    _validate(checks.check_silu_mul_weight, "silu_mul_weight", cu_seqlens,
+              gate, up, route_weights, cu_seqlens)
     return silu_mul_weight_unchecked(gate, up, route_weights, cu_seqlens)
 
 
@@ -66,8 +71,8 @@ def silu_mul_weight_unchecked(gate, up, route_weights, cu_seqlens):
 
 def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
     """Fused gate/up projections and activation: gate and up stay in the accumulation dtype."""
-    checks.check_grouped_gemm_silu_mul("grouped_gemm_silu_mul", x, w_gate, w_up, route_weights, cu_seqlens)
-    checks.check_cu_seqlens_values("grouped_gemm_silu_mul", cu_seqlens, x.shape[0])
+    _validate(checks.check_grouped_gemm_silu_mul, "grouped_gemm_silu_mul", cu_seqlens,
+              x, w_gate, w_up, route_weights, cu_seqlens)
     return _grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens)
 
 
@@ -89,8 +94,8 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
     """Gate and up as two grouped GEMMs (rounded to x's dtype), then the activation of those
     rounded values: bitwise what the unfused ops give."""
     name = "grouped_gemm_silu_mul_with_gate_up"
-    checks.check_grouped_gemm_silu_mul(name, x, w_gate, w_up, route_weights, cu_seqlens)
-    checks.check_cu_seqlens_values(name, cu_seqlens, x.shape[0])
+    _validate(checks.check_grouped_gemm_silu_mul, name, cu_seqlens,
+              x, w_gate, w_up, route_weights, cu_seqlens)
     shape = (x.shape[0], w_gate.shape[1])
     gate = torch.empty(shape, dtype=x.dtype, device=x.device)
     up = torch.empty(shape, dtype=x.dtype, device=x.device)
@@ -100,18 +105,17 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
 
 
 def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
-    checks.check_experts("experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
-    checks.check_cu_seqlens_values("experts", cu_seqlens, x.shape[0])
+    _validate(checks.check_experts, "experts", cu_seqlens,
+              x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     out = torch.empty((x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
     _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     return out
 
 
 def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
-    checks.check_experts_out("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
-    checks.check_out_overlap("experts_out", out, checks.EXPERTS_INPUTS, x, w_gate, w_up, w_down,
-                             route_weights, cu_seqlens, may_be="x")
-    checks.check_cu_seqlens_values("experts_out", cu_seqlens, x.shape[0])
+    _validate(checks.check_experts_out, "experts_out", cu_seqlens,
+              x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+    checks.check_experts_out_overlap("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
 
 
@@ -136,8 +140,8 @@ def silu_mul_backward_rows(grad, gate, up, route_weights):
 
 
 def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
-    checks.check_grouped_gemm_dgrad("grouped_gemm_dgrad", grad_out, w, cu_seqlens)
-    checks.check_cu_seqlens_values("grouped_gemm_dgrad", cu_seqlens, grad_out.shape[0])
+    _validate(checks.check_grouped_gemm_dgrad, "grouped_gemm_dgrad", cu_seqlens,
+              grad_out, w, cu_seqlens)
     out = torch.empty((grad_out.shape[0], w.shape[2]), dtype=grad_out.dtype, device=grad_out.device)
     # grad_out[seg] @ w[g] is the forward GEMM against w[g]^T: a transposed view, no copy.
     grouped_gemm_into(grad_out, w.transpose(1, 2), cu_seqlens, out)
@@ -145,9 +149,8 @@ def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
 
 
 def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
-    checks.check_grouped_gemm_dual_dgrad("grouped_gemm_dual_dgrad", grad_gate, grad_up, w_gate, w_up,
-                                           cu_seqlens)
-    checks.check_cu_seqlens_values("grouped_gemm_dual_dgrad", cu_seqlens, grad_gate.shape[0])
+    _validate(checks.check_grouped_gemm_dual_dgrad, "grouped_gemm_dual_dgrad", cu_seqlens,
+              grad_gate, grad_up, w_gate, w_up, cu_seqlens)
     acc = checks.accum_dtype(grad_gate.dtype)
     out = torch.empty((grad_gate.shape[0], w_gate.shape[2]), dtype=grad_gate.dtype, device=grad_gate.device)
     end = 0
@@ -160,8 +163,7 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
 
 
 def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
-    checks.check_grouped_gemm_wgrad("grouped_gemm_wgrad", grad_out, a, cu_seqlens)
-    checks.check_cu_seqlens_values("grouped_gemm_wgrad", cu_seqlens, a.shape[0])
+    _validate(checks.check_grouped_gemm_wgrad, "grouped_gemm_wgrad", cu_seqlens, grad_out, a, cu_seqlens)
     acc = checks.accum_dtype(a.dtype)
     # Zeros for the groups no segment visits (empty segments).
     out = torch.zeros((cu_seqlens.shape[0], grad_out.shape[1], a.shape[1]), dtype=a.dtype, device=a.device)
@@ -171,9 +173,8 @@ def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
 
 
 def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
-    checks.check_silu_mul_weight_backward("silu_mul_weight_backward", grad, gate, up, route_weights,
-                                            cu_seqlens)
-    checks.check_cu_seqlens_values("silu_mul_weight_backward", cu_seqlens, gate.shape[0])
+    _validate(checks.check_silu_mul_weight_backward, "silu_mul_weight_backward", cu_seqlens,
+              grad, gate, up, route_weights, cu_seqlens)
     acc = checks.accum_dtype(gate.dtype)
     end = int(cu_seqlens[-1])
     d_gate = torch.zeros(gate.shape, dtype=gate.dtype, device=gate.device)
@@ -191,9 +192,8 @@ def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
 def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seqlens):
     """Recomputes gate and up per segment (in the accumulation dtype, as the fused forward
     does) and applies the activation's backward to them."""
-    checks.check_grouped_gemm_silu_mul_backward("grouped_gemm_silu_mul_backward", grad, x, w_gate, w_up,
-                                                  route_weights, cu_seqlens)
-    checks.check_cu_seqlens_values("grouped_gemm_silu_mul_backward", cu_seqlens, x.shape[0])
+    _validate(checks.check_grouped_gemm_silu_mul_backward, "grouped_gemm_silu_mul_backward", cu_seqlens,
+              grad, x, w_gate, w_up, route_weights, cu_seqlens)
     acc = checks.accum_dtype(x.dtype)
     shape = (x.shape[0], w_gate.shape[1])
     d_gate = torch.zeros(shape, dtype=x.dtype, device=x.device)
@@ -212,15 +212,5 @@ def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seql
     return d_gate, d_up, d_rw
 
 
-lib.impl("grouped_gemm", grouped_gemm, "CPU")
-lib.impl("grouped_gemm_out", grouped_gemm_out, "CPU")
-lib.impl("silu_mul_weight", silu_mul_weight, "CPU")
-lib.impl("grouped_gemm_silu_mul", grouped_gemm_silu_mul, "CPU")
-lib.impl("grouped_gemm_silu_mul_with_gate_up", grouped_gemm_silu_mul_with_gate_up, "CPU")
-lib.impl("experts", experts, "CPU")
-lib.impl("experts_out", experts_out, "CPU")
-lib.impl("grouped_gemm_dgrad", grouped_gemm_dgrad, "CPU")
-lib.impl("grouped_gemm_dual_dgrad", grouped_gemm_dual_dgrad, "CPU")
-lib.impl("grouped_gemm_wgrad", grouped_gemm_wgrad, "CPU")
-lib.impl("silu_mul_weight_backward", silu_mul_weight_backward, "CPU")
-lib.impl("grouped_gemm_silu_mul_backward", grouped_gemm_silu_mul_backward, "CPU")
+for _name in SCHEMAS:
+    lib.impl(_name, globals()[_name], "CPU")

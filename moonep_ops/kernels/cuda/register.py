@@ -17,13 +17,20 @@ from .paths import (capability_of, choose_dgrad, choose_dual_dgrad, choose_fused
                     run_fused, run_unfused)
 
 
+def _validate(check, op_name: str, cu_seqlens, *args) -> None:
+    """``check(op_name, *args)`` once per static signature (metadata only), and the values of
+    ``cu_seqlens`` against the rows of ``args[0]`` when ``MOONEP_OPS_DEBUG`` asks for them (they
+    sync the host)."""
+    checks.checked(check, op_name, *args)
+    checks.debug_checks(op_name, cu_seqlens, args[0].shape[0])
+
+
 def _empty(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
 
 
 def grouped_gemm(a, w, cu_seqlens):
-    checks.checked(checks.check_grouped_gemm, "grouped_gemm", a, w, cu_seqlens)
-    checks.debug_checks("grouped_gemm", cu_seqlens, a.shape[0])
+    _validate(checks.check_grouped_gemm, "grouped_gemm", cu_seqlens, a, w, cu_seqlens)
     out = _empty((a.shape[0], w.shape[1]), a)
     with on_device(a):
         run_unfused(a, w, contiguous(cu_seqlens), out)
@@ -31,9 +38,8 @@ def grouped_gemm(a, w, cu_seqlens):
 
 
 def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
-    checks.checked(checks.check_grouped_gemm_out, "grouped_gemm_out", a, w, cu_seqlens, out)
-    checks.check_out_overlap("grouped_gemm_out", out, checks.GROUPED_GEMM_INPUTS, a, w, cu_seqlens)
-    checks.debug_checks("grouped_gemm_out", cu_seqlens, a.shape[0])
+    _validate(checks.check_grouped_gemm_out, "grouped_gemm_out", cu_seqlens, a, w, cu_seqlens, out)
+    checks.check_grouped_gemm_out_overlap("grouped_gemm_out", a, w, cu_seqlens, out)
     with on_device(a):
         run_unfused(a, w, contiguous(cu_seqlens), out)
 
@@ -41,8 +47,8 @@ def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
     from ..triton.silu_mul_weight import launch_silu_mul_weight
 
-    checks.checked(checks.check_silu_mul_weight, "silu_mul_weight", gate, up, route_weights, cu_seqlens)
-    checks.debug_checks("silu_mul_weight", cu_seqlens, gate.shape[0])
+    _validate(checks.check_silu_mul_weight, "silu_mul_weight", cu_seqlens,
+              gate, up, route_weights, cu_seqlens)
     out = _empty(gate.shape, gate)
     with on_device(gate):
         launch_silu_mul_weight(gate, up, contiguous(route_weights), contiguous(cu_seqlens), out,
@@ -51,9 +57,8 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
 
 
 def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
-    name = "grouped_gemm_silu_mul"
-    checks.checked(checks.check_grouped_gemm_silu_mul, name, x, w_gate, w_up, route_weights, cu_seqlens)
-    checks.debug_checks(name, cu_seqlens, x.shape[0])
+    _validate(checks.check_grouped_gemm_silu_mul, "grouped_gemm_silu_mul", cu_seqlens,
+              x, w_gate, w_up, route_weights, cu_seqlens)
     out = _empty((x.shape[0], w_gate.shape[1]), x)
     with on_device(x):
         run_fused(x, w_gate, w_up, contiguous(route_weights), contiguous(cu_seqlens), out)
@@ -64,8 +69,8 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
     from ..triton import grouped_gemm as triton_gemm
 
     name = "grouped_gemm_silu_mul_with_gate_up"
-    checks.checked(checks.check_grouped_gemm_silu_mul, name, x, w_gate, w_up, route_weights, cu_seqlens)
-    checks.debug_checks(name, cu_seqlens, x.shape[0])
+    _validate(checks.check_grouped_gemm_silu_mul, name, cu_seqlens,
+              x, w_gate, w_up, route_weights, cu_seqlens)
     act, gate, up = (_empty((x.shape[0], w_gate.shape[1]), x) for _ in range(3))
     with on_device(x):
         triton_gemm.run(x, w_gate, w_up, contiguous(route_weights), contiguous(cu_seqlens), act, choose_fused,
@@ -74,8 +79,8 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
 
 
 def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
-    checks.checked(checks.check_experts, "experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
-    checks.debug_checks("experts", cu_seqlens, x.shape[0])
+    _validate(checks.check_experts, "experts", cu_seqlens,
+              x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     out = _empty(x.shape, x)
     with on_device(x):
         experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
@@ -83,10 +88,9 @@ def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
 
 
 def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
-    checks.checked(checks.check_experts_out, "experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
-    checks.check_out_overlap("experts_out", out, checks.EXPERTS_INPUTS, x, w_gate, w_up, w_down,
-                             route_weights, cu_seqlens, may_be="x")
-    checks.debug_checks("experts_out", cu_seqlens, x.shape[0])
+    _validate(checks.check_experts_out, "experts_out", cu_seqlens,
+              x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+    checks.check_experts_out_overlap("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     with on_device(x):
         experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
 
@@ -96,8 +100,8 @@ def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None
 def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
     from ..triton import grouped_gemm as triton_gemm
 
-    checks.checked(checks.check_grouped_gemm_dgrad, "grouped_gemm_dgrad", grad_out, w, cu_seqlens)
-    checks.debug_checks("grouped_gemm_dgrad", cu_seqlens, grad_out.shape[0])
+    _validate(checks.check_grouped_gemm_dgrad, "grouped_gemm_dgrad", cu_seqlens,
+              grad_out, w, cu_seqlens)
     out = _empty((grad_out.shape[0], w.shape[2]), grad_out)
     # The forward kernel against the transposed view w[g]^T ([G, K, N], any strides): no copy.
     with on_device(grad_out):
@@ -109,8 +113,8 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
     from ..triton import grouped_gemm as triton_gemm
 
     name = "grouped_gemm_dual_dgrad"
-    checks.checked(checks.check_grouped_gemm_dual_dgrad, name, grad_gate, grad_up, w_gate, w_up, cu_seqlens)
-    checks.debug_checks(name, cu_seqlens, grad_gate.shape[0])
+    _validate(checks.check_grouped_gemm_dual_dgrad, name, cu_seqlens,
+              grad_gate, grad_up, w_gate, w_up, cu_seqlens)
     out = _empty((grad_gate.shape[0], w_gate.shape[2]), grad_gate)
     # One persistent pass (both products into one accumulator) over the transposed weight views;
     # the two gradients and the two weights must share strides.
@@ -127,8 +131,7 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
 def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
     from ..triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad, tma_usable
 
-    checks.checked(checks.check_grouped_gemm_wgrad, "grouped_gemm_wgrad", grad_out, a, cu_seqlens)
-    checks.debug_checks("grouped_gemm_wgrad", cu_seqlens, a.shape[0])
+    _validate(checks.check_grouped_gemm_wgrad, "grouped_gemm_wgrad", cu_seqlens, grad_out, a, cu_seqlens)
     n, k = grad_out.shape[1], a.shape[1]
     out = _empty((cu_seqlens.shape[0], n, k), a)
     cap = capability_of(a)
@@ -143,8 +146,8 @@ def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
     from ..triton.silu_mul_weight import launch_silu_mul_weight_backward
 
     name = "silu_mul_weight_backward"
-    checks.checked(checks.check_silu_mul_weight_backward, name, grad, gate, up, route_weights, cu_seqlens)
-    checks.debug_checks(name, cu_seqlens, gate.shape[0])
+    _validate(checks.check_silu_mul_weight_backward, name, cu_seqlens,
+              grad, gate, up, route_weights, cu_seqlens)
     d_gate, d_up = _empty(gate.shape, gate), _empty(gate.shape, gate)
     d_rw = _empty(gate.shape[0], gate, torch.float32)
     with on_device(gate):
@@ -157,9 +160,8 @@ def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seql
     from ..triton.grouped_gemm_silu_mul_backward import launch_grouped_gemm_silu_mul_backward, num_col_tiles
 
     name = "grouped_gemm_silu_mul_backward"
-    checks.checked(checks.check_grouped_gemm_silu_mul_backward, name, grad, x, w_gate, w_up, route_weights,
-                   cu_seqlens)
-    checks.debug_checks(name, cu_seqlens, x.shape[0])
+    _validate(checks.check_grouped_gemm_silu_mul_backward, name, cu_seqlens,
+              grad, x, w_gate, w_up, route_weights, cu_seqlens)
     num_rows, i = x.shape[0], w_gate.shape[1]
     d_gate, d_up = _empty((num_rows, i), x), _empty((num_rows, i), x)
     cfg = configs.fused_backward_config(i, x.shape[1], num_rows, x.dtype, capability_of(x))
