@@ -12,7 +12,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ...cache import signature
+from ...cache import layout_signature
 from .. import launch as direct
 from ..pdl import PdlRole
 from ..triton.grouped_gemm import num_row_tiles, num_sms
@@ -198,7 +198,7 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
         return GluonResult.RAN if tail_out is None else GluonResult.RAN_AND_ZEROED_TAIL_OUT
     w_up_or_w = w if w_up is None else w_up
     rw = _weights_ptr(a, route_weights, idle_weights)
-    key = (signature(a, w, w_up_or_w, out, rw, cu_seqlens, tail_out, None if handoff is None else handoff.state),
+    key = (layout_signature(a, w, w_up_or_w, out, rw, cu_seqlens, tail_out, None if handoff is None else handoff.state),
            w_up is None, route_weights is None, idle_weights is None, choose, zero_tail, role,
            None if handoff is None else handoff.flag_target)
     plan = _PLANS.get(key)

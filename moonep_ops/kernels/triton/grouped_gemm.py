@@ -55,7 +55,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import flags
-from ...cache import signature
+from ...cache import layout_signature
 from .. import launch as direct
 from ..pdl import PdlRole
 from .configs import GemmConfig
@@ -588,8 +588,8 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, a_up=None, saved=
     rw = a if route_weights is None else route_weights
     a_up_arg = a if a_up is None else a_up
     gate_out, up_out = (out, out) if saved is None else saved
-    key = (signature(a, w, w_up_arg, a_up_arg, rw, out, gate_out, up_out, cu_seqlens), w_up is None, a_up is None,
-           route_weights is None, saved is None, choose, flags.portable_only(), zero_tail, role)
+    key = (layout_signature(a, w, w_up_arg, a_up_arg, rw, out, gate_out, up_out, cu_seqlens), w_up is None,
+           a_up is None, route_weights is None, saved is None, choose, flags.portable_only(), zero_tail, role)
     entry = _PLANS.get(key)
     if entry is None:
         plan = make_plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a_up), a_up, saved, zero_tail, role)
