@@ -88,8 +88,7 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     same fused GEMM, which also writes gate and up (in x's dtype) for autograd to save, as
     torchtitan-style training does (2 x ``[NvS, I]``); the backward reuses them, with one dual
     dgrad for ``dx``. ``recompute=True`` saves neither and recomputes gate/up in the backward
-    (less activation memory, slower). On the H200 (``benchmarks/results/train_h200.json``):
-    1.23x and 1.00x the speed of an autograd function over ``torch._grouped_mm``.
+    (less activation memory, slower); docs/training.md gives both paths' speed on the H200.
     """
     if not _needs_grad(x, w_gate, w_up, w_down, route_weights):
         if out is None:
