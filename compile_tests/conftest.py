@@ -5,6 +5,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import moonep_ops  # noqa: F401  (registers the ops)
+from tests.sync import sync_errors  # noqa: F401  (shared with the compile tests)
 
 HAS_CUDA = torch.cuda.is_available()
 CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
@@ -33,12 +34,3 @@ def assert_no_graph_breaks():
     assert not breaks, f"graph breaks: {breaks}"
 
 
-class sync_errors:
-    """``torch.cuda.set_sync_debug_mode("error")`` for a block: any host sync raises."""
-
-    def __enter__(self):
-        self.old = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")
-
-    def __exit__(self, *exc):
-        torch.cuda.set_sync_debug_mode(self.old)

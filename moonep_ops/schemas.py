@@ -38,7 +38,7 @@ SCHEMAS: dict[str, str] = {
         "experts_out(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? route_weights, "
         "Tensor cu_seqlens, Tensor(a!) out) -> ()"
     ),
-    # Backward ops (issue 7); the autograd formulas that call them live in moonep_ops/autograd.py.
+    # Backward ops; the autograd formulas that call them live in moonep_ops/autograd.py.
     "grouped_gemm_dgrad": "grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor",
     "grouped_gemm_dual_dgrad": (
         "grouped_gemm_dual_dgrad(Tensor grad_gate, Tensor grad_up, Tensor w_gate, Tensor w_up, "

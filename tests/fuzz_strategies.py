@@ -400,7 +400,7 @@ _ALL_OPS = [
     OpSpec("moonep_experts_out", experts_inputs, _experts_out,
            lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),
            _rows(_K), op=None),
-    # backward ops (issue 7)
+    # backward ops
     OpSpec("grouped_gemm_dgrad", gemm_inputs,
            lambda t: _ops().grouped_gemm_dgrad(t["grad"], t["w"], t["cu"]),
            lambda t: grouped_gemm_ref(t["grad"], t["w"].transpose(1, 2), t["cu"]), _rows(_K)),

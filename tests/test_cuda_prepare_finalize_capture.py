@@ -21,6 +21,7 @@ from moonep_ops.vllm import device
 from . import moonep_stub
 from .conftest import DEVICES
 from .reference import TOLERANCE, rel_err
+from .sync import sync_errors
 
 NAN = float("nan")
 
@@ -43,17 +44,6 @@ class Shape:
 
 
 SHAPES = [Shape("top4", 4, False, invalid=9), Shape("top1_on_input", 1, True, invalid=5)]
-
-
-class sync_errors:
-    """``torch.cuda.set_sync_debug_mode("error")`` for a block: any host sync raises."""
-
-    def __enter__(self):
-        self.old = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")
-
-    def __exit__(self, *exc):
-        torch.cuda.set_sync_debug_mode(self.old)
 
 
 class Layer:

@@ -68,7 +68,7 @@ def _sample(case, layout, dtype, device):
 
 
 def test_every_op_has_cases():
-    # The backward ops (issue 7) are opchecked, with grad-requiring inputs, in test_autograd.py.
+    # The backward ops are opchecked, with grad-requiring inputs, in test_autograd.py.
     from .test_autograd import BACKWARD_OPS
     covered = set(OP_CASES.values()) | set(BACKWARD_OPS)
     assert covered >= set(SCHEMAS), f"no opcheck cases for {sorted(set(SCHEMAS) - covered)}"
