@@ -7,8 +7,8 @@ registers and the wgmma/mma pipeline shape of the PTX (async MMA instructions, c
 depths): a quick look at what a config change does to the main loop before spending device time on it.
 
     python scripts/aot_dump.py --op fused --rows 48896 --k 2048 --n 768 --groups 132   # qwen3 gate/up
-    python scripts/aot_dump.py --op plain --rows 20480 --k 2048 --n 7168 --groups 388 --arch 80
-    python scripts/aot_dump.py --op plain ... --config "128, 128, 64, 8, 3, programs_per_sm=2"  # not the table's
+    python scripts/aot_dump.py --op unfused --rows 20480 --k 2048 --n 7168 --groups 388 --arch 80
+    python scripts/aot_dump.py --op unfused ... --config "128, 128, 64, 8, 3, programs_per_sm=2"  # not the table's
 """
 
 import argparse
@@ -50,7 +50,7 @@ def _pipeline_summary(ptx: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--op", choices=["plain", "fused", "fused_save", "experts"], default="fused",
+    parser.add_argument("--op", choices=["unfused", "fused", "fused_save", "experts"], default="fused",
                         help="experts: the fused GEMM then the down GEMM (its PDL dependent on Hopper)")
     parser.add_argument("--rows", type=int, required=True, help="NvS")
     parser.add_argument("--k", type=int, required=True, help="reduction size (H for gate/up)")
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     x, rw = torch.empty(rows, k, dtype=dtype), torch.empty(rows, dtype=torch.float32)
     w_gate, w_up = torch.empty(g, n, k, dtype=dtype), torch.empty(g, n, k, dtype=dtype)
     with aot.forced_capability((args.arch // 10, args.arch % 10), compiler, args.portable):
-        if args.op == "plain":
+        if args.op == "unfused":
             cuda.grouped_gemm(x, w_gate, cu)
         elif args.op == "fused":
             cuda.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
