@@ -2,22 +2,28 @@
 without a GPU (CI): a kernel that does not compile, or does not fit a target's shared memory,
 fails here instead of on the first user's GPU.
 
-How: the registered CUDA functions of the ops (``moonep_ops.kernels.cuda.register``) run on CPU tensors with the device capability forced to each target, so the
-config tables and the TMA/portable choices are exactly the ones a GPU of that capability
-takes; ``JITFunction.run`` is replaced by an ahead-of-time ``triton.compile`` for that target
-(Triton's own specialization of the arguments, nothing launched). Shapes cover every branch of
-the config tables (see ``PROBLEMS``), with and without route weights, the in-register and the
-chunked ``cu_seqlens`` scan, bf16/fp16/fp32, and ``MOONEP_OPS_PORTABLE=1`` on sm90.
+How: the registered CUDA functions of the ops (``moonep_ops.kernels.cuda.register``) run on CPU
+tensors with the device capability forced to each target, so the config tables and the
+TMA/portable choices are exactly the ones a GPU of that capability takes (sm100 takes the Hopper
+configs and the TMA path, (10, 0) >= (9, 0); the Gluon kernel is sm90-only and must never be
+picked elsewhere); ``JITFunction.run`` is replaced by an ahead-of-time ``triton.compile`` for
+that target (Triton's own specialization of the arguments, nothing launched). Shapes cover every
+branch of the config tables (see ``PROBLEMS``), with and without route weights, the in-register
+and the chunked ``cu_seqlens`` scan, bf16/fp16/fp32, and ``MOONEP_OPS_PORTABLE=1`` on sm90 and
+sm100.
 
 Per unique variant: shared memory (against the target's per-block limit), registers and spill
 stores, and the tensor-core instructions of the machine code (from the cubin, via the
-``cuobjdump`` bundled with Triton): a bf16/fp16 GEMM kernel must use ``HGMMA`` (wgmma) on sm90
-and ``HMMA`` (mma.sync) on sm80/sm86, so a Triton or config change that silently drops to a
-slower instruction path fails here. Exit code 1 on any compile error, shared-memory overflow or
-missing tensor-core path; spills are reported, not fatal.
+``cuobjdump`` bundled with Triton): a bf16/fp16 GEMM kernel must use tcgen05 MMAs (``UTCHMMA``,
+or another ``UTC*MMA`` form) on sm100, ``HGMMA`` (wgmma) on sm90 and ``HMMA`` (mma.sync) on
+sm80/sm86, so a Triton or config change that silently drops to a slower instruction path fails
+here. Exit code 1 on any compile error, shared-memory overflow, missing tensor-core path or Gluon
+kernel outside sm90; spills are reported, not fatal. sm100 is checked with the installed Triton
+only (one without sm100 support fails that target's compiles).
 
-    python scripts/aot_compile_check.py [--targets 90,80,86] [--dtypes bf16,fp16,fp32] [--json out.json]
-    python scripts/aot_compile_check.py --selftest   # the checker flags an oversized config
+    python scripts/aot_compile_check.py [--targets 90,100,80,86] [--dtypes bf16,fp16,fp32] [--json out.json]
+    python scripts/aot_compile_check.py --targets 100 --dtypes bf16 --no-portable --problems 0,2
+    python scripts/aot_compile_check.py --selftest   # the checker flags an oversized config, a missing MMA path
 """
 
 import argparse
@@ -43,8 +49,11 @@ from triton.runtime import jit as triton_jit  # noqa: E402
 import moonep_ops  # noqa: E402,F401  (registers the ops)
 from moonep_ops.kernels.cuda import paths, register as cuda  # noqa: E402
 
-# Opt-in shared memory per block (bytes): H100/H200, A100, and the consumer/Ada parts.
-SMEM_LIMIT = {90: 232448, 80: 166912, 86: 101376, 89: 101376}
+# Opt-in shared memory per block (bytes): H100/H200, A100, the consumer/Ada parts, and B200
+# (sm100): NVIDIA's Blackwell Tuning Guide, "Unified Shared Memory/L1/Texture Cache"
+# (docs.nvidia.com/cuda/blackwell-tuning-guide): 228 KB per SM as on H100, 1 KB of it reserved
+# per thread block, so one block addresses up to 227 KB = 232448 B (dynamic, with the opt-in).
+SMEM_LIMIT = {100: 232448, 90: 232448, 80: 166912, 86: 101376, 89: 101376}
 
 # (name, rows, K, N, G): each hits a different branch of configs.py / configs_backward.py.
 PROBLEMS = [
@@ -120,8 +129,12 @@ def _resource_usage(cubin) -> dict:
     stack = re.search(r"STACK:(\d+)", text)
     # The instructions alone (no addresses, no encodings): equal hashes mean the same machine code.
     code = "\n".join(m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s*([^;]*);", sass))
+    # Tensor-core instructions: HMMA (mma.sync, sm80+), HGMMA (wgmma, sm90), and the tcgen05 MMAs of
+    # sm100 (UTCHMMA for f16/bf16/tf32; UTCQMMA, UTCIMMA, UTCOMMA for the fp8/int8/block-scaled kinds),
+    # issued from uniform registers on shared-memory descriptors into tensor memory.
     return {"registers": int(regs.group(1)) if regs else None, "stack_bytes": int(stack.group(1)) if stack else None,
             "hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
+            "tcgen05": len(re.findall(r"\bUTC[A-Z]*MMA\b", sass)),
             "sass_sha1": hashlib.sha1(code.encode()).hexdigest()[:12]}
 
 
@@ -129,12 +142,19 @@ def _resource_usage(cubin) -> dict:
 GEMM_KERNELS = ("grouped_gemm_kernel", "gluon_grouped_gemm_kernel", "grouped_gemm_wgrad_kernel", "grouped_gemm_silu_mul_backward_kernel")
 
 
+# The tensor-core path a bf16/fp16 GEMM must take per target: (record key, what the SASS shows).
+TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm90": ("hgmma", "HGMMA")}
+HMMA_PATH = ("hmma", "HMMA")  # sm80, sm86, sm89
+
+
 def _tensor_core_error(r):
-    if r["kernel"] not in GEMM_KERNELS or r["dtype"] not in ("bf16", "fp16") or "hgmma" not in r:
+    if r["kernel"].startswith("gluon_") and r["target"] != "sm90":
+        return f"the sm90-only Gluon kernel was picked for {r['target']}"
+    if r["kernel"] not in GEMM_KERNELS or r["dtype"] not in ("bf16", "fp16") or "hmma" not in r:
         return None
-    want = "hgmma" if r["target"] == "sm90" else "hmma"
-    if r[want] == 0:
-        return f"no {want.upper()} instruction: the GEMM does not use the {r['target']} tensor-core path"
+    key, name = TENSOR_CORE_PATH.get(r["target"], HMMA_PATH)
+    if not r.get(key):
+        return f"no {name} instruction: the GEMM does not use the {r['target']} tensor-core path"
     return None
 
 
@@ -248,11 +268,11 @@ def run_gluon_candidates(dtype) -> None:
                                   handoff=gluon_host.Handoff(sched, 3 * 256), **cfg)
 
 
-def check_target(arch: int, dtypes, portable: bool) -> list:
+def check_target(arch: int, dtypes, portable: bool, problems=PROBLEMS) -> list:
     capability = (arch // 10, arch % 10)
     compiler = Compiler(GPUTarget("cuda", arch, 32))
     with forced_capability(capability, compiler, portable):
-        for _, rows, k, n, g in PROBLEMS:
+        for _, rows, k, n, g in problems:
             for dtype in dtypes:
                 run_all_ops(rows, k, n, g, dtype)
         if arch == 90 and not portable and paths.gluon_host() is not None:
@@ -277,41 +297,72 @@ def _report(records) -> int:
         knobs = " ".join(f"{k}={v}" for k, v in r["constexprs"].items())
         status = f"FAIL {r['error']}" if "error" in r else (
             f"smem {r['shared']:>6} B  regs {r.get('registers')}  stack {r.get('stack_bytes')} B  "
-            f"hgmma {r.get('hgmma')} hmma {r.get('hmma')}")
+            f"hgmma {r.get('hgmma')} hmma {r.get('hmma')} tcgen05 {r.get('tcgen05')}")
         print(f"{r['target']}{' portable' if r.get('portable') else ''} {r['kernel']} {r['dtype']} w{r['num_warps']} "
               f"s{r['num_stages']} [{knobs}]: {status}", flush=True)
     print(f"# {len(records)} variants, {failures} failed")
     return failures
 
 
-def selftest() -> int:
-    """A config too large for sm90's shared memory (5 stages of 256x256x128 tiles) must be flagged."""
-    from moonep_ops.kernels.triton.configs import GemmConfig
+def _compile_one(arch: int, cfg) -> dict:
+    """The record of one bf16 grouped GEMM with ``cfg`` on the TMA path, compiled for ``arch``."""
     from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm
 
-    compiler = Compiler(GPUTarget("cuda", 90, 32))
+    compiler = Compiler(GPUTarget("cuda", arch, 32))
     a, w = _empty(1024, 1024, dtype=torch.bfloat16), _empty(4, 512, 1024, dtype=torch.bfloat16)
     cu = torch.tensor([256, 512, 768, 1024], dtype=torch.int32)
-    with forced_capability((9, 0), compiler, portable=False):
-        launch_grouped_gemm(a, w, cu, _empty(1024, 512, dtype=torch.bfloat16), GemmConfig(256, 256, 128, 8, 5),
-                            use_tma=True)
-    flagged = _report(list(compiler.variants.values()))
-    print("selftest:", "ok (flagged)" if flagged == 1 else "FAILED: the oversized config was not flagged")
-    # The tensor-core rule on records like the ones above: sm90 wants HGMMA, sm86 HMMA.
-    record = {"kernel": "grouped_gemm_kernel", "dtype": "bf16", "target": "sm90", "hgmma": 0, "hmma": 16}
+    with forced_capability((arch // 10, arch % 10), compiler, portable=False):
+        launch_grouped_gemm(a, w, cu, _empty(1024, 512, dtype=torch.bfloat16), cfg, use_tma=True)
+    (record,) = compiler.variants.values()
+    return record
+
+
+def selftest() -> int:
+    """A config too large for the shared memory of sm90 and sm100 (5 stages of 256x256x128 tiles)
+    must be flagged on both; a GEMM that fits compiles for sm100 with tcgen05 MMAs and passes, and
+    the same record without them fails; the tensor-core rule of each target on synthetic records."""
+    from moonep_ops.kernels.triton.configs import GemmConfig
+
+    oversized = [_compile_one(arch, GemmConfig(256, 256, 128, 8, 5)) for arch in (90, 100)]
+    flagged = _report(oversized)
+    print("selftest:", "ok (flagged on sm90 and sm100)" if flagged == 2 else
+          "FAILED: the oversized config was not flagged on every target")
+    # A real sm100 record: its SASS must show tcgen05 MMAs (the regex matches cuobjdump's names),
+    # and the record with them removed must fail.
+    fits = _compile_one(100, GemmConfig(128, 128, 64, 4, 3))
+    sm100_ok = _report([fits]) == 0 and fits.get("tcgen05", 0) > 0
+    without = {k: v for k, v in fits.items() if k != "error"}
+    sm100_ok = sm100_ok and _report([dict(without, tcgen05=0)]) == 1
+    print("selftest: sm100 tcgen05 rule on a compiled GEMM", "ok" if sm100_ok else "FAILED")
+    # The tensor-core rule on synthetic records: sm100 wants tcgen05, sm90 HGMMA, sm86 HMMA; the
+    # Gluon kernel belongs to sm90 only.
+    record = {"kernel": "grouped_gemm_kernel", "dtype": "bf16", "target": "sm90", "hgmma": 0, "hmma": 16, "tcgen05": 0}
+    sm100 = dict(record, target="sm100")
     rules_ok = (_tensor_core_error(record) is not None
                 and _tensor_core_error(dict(record, hgmma=8)) is None
+                and _tensor_core_error(dict(record, tcgen05=8)) is not None
                 and _tensor_core_error(dict(record, target="sm86")) is None
                 and _tensor_core_error(dict(record, target="sm86", hmma=0, hgmma=8)) is not None
-                and _tensor_core_error(dict(record, dtype="fp32", hmma=0)) is None)
-    print("selftest: tensor-core rule", "ok" if rules_ok else "FAILED")
-    return 0 if flagged == 1 and rules_ok else 1
+                and _tensor_core_error(dict(record, dtype="fp32", hmma=0)) is None
+                and _tensor_core_error(sm100) is not None
+                and _tensor_core_error(dict(sm100, hmma=0, hgmma=8)) is not None
+                and _tensor_core_error(dict(sm100, tcgen05=8)) is None
+                and _tensor_core_error(dict(sm100, kernel="grouped_gemm_wgrad_kernel", hmma=0)) is not None
+                and _tensor_core_error(dict(sm100, dtype="fp32", hmma=0)) is None
+                and _tensor_core_error(dict(sm100, kernel="gluon_grouped_gemm_kernel", tcgen05=8)) is not None
+                and _tensor_core_error(dict(record, kernel="gluon_grouped_gemm_kernel", hgmma=8)) is None)
+    print("selftest: tensor-core rules", "ok" if rules_ok else "FAILED")
+    return 0 if flagged == 2 and sm100_ok and rules_ok else 1
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--targets", default="90,80,86")
+    parser.add_argument("--targets", default="90,100,80,86")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
+    parser.add_argument("--problems", default=None,
+                        help="indices into PROBLEMS, comma-separated (default: all)")
+    parser.add_argument("--no-portable", action="store_true",
+                        help="skip the MOONEP_OPS_PORTABLE=1 pass of sm90+ targets")
     parser.add_argument("--json", default=None)
     parser.add_argument("--selftest", action="store_true")
     args = parser.parse_args(argv)
@@ -319,11 +370,12 @@ def main(argv=None) -> int:
         return selftest()
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[d]
               for d in args.dtypes.split(",")]
+    problems = PROBLEMS if args.problems is None else [PROBLEMS[int(i)] for i in args.problems.split(",")]
     print(f"# triton {triton.__version__}, torch {torch.__version__}")
     records = []
     for arch in (int(t) for t in args.targets.split(",")):
-        for portable in ((False, True) if arch >= 90 else (False,)):
-            records += check_target(arch, dtypes, portable)
+        for portable in ((False, True) if arch >= 90 and not args.no_portable else (False,)):
+            records += check_target(arch, dtypes, portable, problems)
     failures = _report(records)
     if args.json:
         with open(args.json, "w") as f:

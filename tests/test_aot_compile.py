@@ -6,10 +6,14 @@ so a kernel that the next Triton cannot compile shows up here first.
 sm90 in bf16 (TMA and, with MOONEP_OPS_PORTABLE=1, the portable path) and sm86 (the smallest
 shared memory of the supported GPUs; sm80's configs are the same) in bf16 and fp32 (fp16 takes
 bf16's configs; fp32 takes the same small configs on every GPU, so sm86 bounds its shared
-memory); each target is one background subprocess job (tests/subprocess_jobs.py).
+memory); each target is one background subprocess job (tests/subprocess_jobs.py). sm100
+(Blackwell) in a targeted case: bf16 on its default path, two of the check's problems.
 """
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -32,8 +36,29 @@ def test_every_kernel_variant_compiles_for_sm90_and_sm86():
         assert int(summary.group(1)) >= 40, f"{job}: only {summary.group(1)} variants seen (interception broken?)"
 
 
+def test_sm100_default_path_compiles_on_tcgen05():
+    """sm100 takes the Triton kernels with sm90's configs and TMA path (never the sm90-only Gluon
+    kernel): in bf16, on the long compute-bound problem (warp-specialized, the largest shared
+    memory) and the short one (flattened loop, TMA stores), forward and backward, every variant
+    compiles, fits 227 KB and its GEMMs use tcgen05 MMAs (the check's exit code). About 25 s of one
+    core; the full sm100 matrix: ``--targets 100``."""
+    args = ["--targets", "100", "--dtypes", "bf16", "--no-portable", "--problems", "0,2"]
+    proc = subprocess.run([sys.executable, "scripts/aot_compile_check.py", *args], cwd=subprocess_jobs.ROOT,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, _failed_lines(output) or output[-4000:]
+    summary = re.search(r"# (\d+) variants, (\d+) failed", output)
+    assert summary and summary.group(2) == "0", output[-4000:]
+    assert int(summary.group(1)) >= 20, f"only {summary.group(1)} variants seen (interception broken?)"
+    kernels = set(re.findall(r"^sm100 (\w+) bf16", output, re.M))
+    gemms = {"grouped_gemm_kernel", "grouped_gemm_wgrad_kernel", "grouped_gemm_silu_mul_backward_kernel"}
+    assert gemms <= kernels, kernels
+    assert "gluon_grouped_gemm_kernel" not in kernels
+    assert re.search(r"WARP_SPEC=True .*tcgen05 [1-9]", output), output[-4000:]
+
+
 @pytest.mark.subprocess_job("aot_selftest")
-def test_the_check_flags_an_oversized_config():
+def test_the_check_flags_an_oversized_config_and_a_missing_tensor_core_path():
     returncode, output = subprocess_jobs.result("aot_selftest")
     assert returncode == 0, output[-4000:]
 
