@@ -55,6 +55,15 @@ def test_config_table_picks_each_consumer_scheme():
     assert not any(pick(n, k, nvs, fused=False).handoff for n, k, nvs in ((7168, 2048, 13312), (2048, 768, 48896)))
 
 
+def test_cooperative_down_gemm_keeps_shared_memory_room_for_long_reductions():
+    """Six stages of the cooperative 128x128 down GEMM plus its tail buffer and the handoff's
+    barriers overflow the 227 KiB at K = 4096 (an I = 4096 top-1 model): five stages there."""
+    pick = configs.gluon_gemm_config
+    assert pick(7168, 4096, 15616, fused=False).stages == 5
+    assert pick(7168, 4096, 12416, fused=False).stages == 5
+    assert pick(2048, 768, 33024, fused=False).stages == 6  # qwen3 down: unchanged
+
+
 def test_epilogue_n_is_the_whole_tile_or_half_of_it():
     assert configs.GluonConfig(block_n=256, epilogue_n=128).epilogue_n == 128
     assert configs.GluonConfig(block_n=256).epilogue_n == 0
