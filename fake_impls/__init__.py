@@ -58,6 +58,33 @@ def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out):
     checks.check_experts_out("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
 
 
+# FP8 block-scaled ops ------------------------------------------------------------------------
+
+@_fake("grouped_gemm_fp8")
+def grouped_gemm_fp8(a, w, w_scale, cu_seqlens):
+    checks.check_grouped_gemm_fp8("grouped_gemm_fp8", a, w, w_scale, cu_seqlens)
+    return a.new_empty((a.shape[0], w.shape[1]))
+
+
+@_fake("grouped_gemm_fp8_out")
+def grouped_gemm_fp8_out(a, w, w_scale, cu_seqlens, out):
+    checks.check_grouped_gemm_fp8_out("grouped_gemm_fp8_out", a, w, w_scale, cu_seqlens, out)
+
+
+@_fake("experts_fp8")
+def experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens):
+    checks.check_experts_fp8("experts_fp8", x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale,
+                             route_weights, cu_seqlens)
+    return x.new_empty(x.shape)
+
+
+@_fake("experts_fp8_out")
+def experts_fp8_out(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
+                    out):
+    checks.check_experts_fp8_out("experts_fp8_out", x, w_gate, w_gate_scale, w_up, w_up_scale, w_down,
+                                 w_down_scale, route_weights, cu_seqlens, out)
+
+
 # Backward ops --------------------------------------------------------------------------------
 
 @_fake("grouped_gemm_dgrad")

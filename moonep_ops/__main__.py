@@ -4,7 +4,9 @@
 with zero padding rows, idle experts and unused prefetch slots as empty segments, NaN in
 the undefined tail), runs :func:`moonep_ops.moonep_experts` eagerly and under
 ``torch.compile(fullgraph=True)``, compares both with a float64 reference written here,
-counts graph breaks and times both. Exit status 1 if any check fails.
+counts graph breaks and times both; then the FP8 expert path (e4m3fn weights, 128 x 128 block
+scales) on the CPU against a float64 recomputation of its semantics written here. Exit status 1
+if any check fails.
 
 ``bench`` runs the benchmark suite of a source checkout (``benchmarks/run.py``).
 """
@@ -78,6 +80,67 @@ def reference(x, w_gate, w_up, w_down, cu_seqlens, route_weights) -> torch.Tenso
         act = gate * torch.sigmoid(gate) * up * rw[mask, None]
         out[mask] = act @ wd[g].T
     return out
+
+
+def _quantized_rows64(rows: torch.Tensor) -> torch.Tensor:
+    """float64 values of ``rows`` quantized as the FP8 ops do: in fp32, per row and 128 columns,
+    ``s = amax / 448`` and ``e4m3fn(x / s)`` (0 where s = 0), value ``q * s``."""
+    rows = rows.float()
+    values = torch.empty(rows.shape, dtype=torch.float64)
+    for c in range(0, rows.shape[1], 128):
+        group = rows[:, c:c + 128]
+        s = group.abs().amax(dim=1, keepdim=True) / 448.0
+        q = torch.where(s > 0, group / s, torch.zeros_like(group)).to(torch.float8_e4m3fn)
+        values[:, c:c + 128] = q.double() * s.double()
+    return values
+
+
+def _weight64(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``w[g, n, k] * scale[g, n // 128, k // 128]`` in float64."""
+    n, k = w.shape[1:]
+    return w.double() * scale.double()[:, torch.arange(n) // 128][:, :, torch.arange(k) // 128]
+
+
+def fp8_reference(x, fp8_weights, cu_seqlens, route_weights) -> torch.Tensor:
+    """The FP8 expert path in float64 on the CPU: ``x`` and ``act`` quantized per row and 128
+    columns, weights ``(w, scale)`` dequantized per 128 x 128 block, no other rounding."""
+    (wg, sg), (wu, su), (wd, sd) = ((w.cpu(), s.cpu()) for w, s in fp8_weights)
+    wg, wu, wd = _weight64(wg, sg), _weight64(wu, su), _weight64(wd, sd)
+    ends = cu_seqlens.to("cpu", torch.int64)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for g in range(wg.shape[0]):
+        start, end = int(starts[g]), int(ends[g])
+        if end <= start:
+            continue
+        xs = _quantized_rows64(x[start:end].cpu())
+        gate, up = xs @ wg[g].T, xs @ wu[g].T
+        act = gate * torch.sigmoid(gate) * up * route_weights[start:end, None].cpu().double()
+        out[start:end] = _quantized_rows64(act) @ wd[g].T
+    return out
+
+
+def check_fp8() -> tuple:
+    """``(report line, failures)`` of the FP8 expert path on the CPU (bf16 activations)."""
+    cpu = torch.device("cpu")
+    x, w_gate, w_up, w_down, cu, rw, end = build_problem(cpu, torch.bfloat16, seed=1)
+    fp8_weights = [moonep_ops.fp8.quantize_weight(w) for w in (w_gate, w_up, w_down)]
+    (wg, sg), (wu, su), (wd, sd) = fp8_weights
+    with torch.inference_mode():
+        out = moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, w_gate_scale=sg, w_up_scale=su, w_down_scale=sd)
+    err = rel_err(out, fp8_reference(x, fp8_weights, cu, rw))
+    unquantized = rel_err(out, reference(x, w_gate, w_up, w_down, cu, rw))
+    tol = TOLERANCE[torch.bfloat16]
+    failures = []
+    if bool(torch.isnan(out).any()):
+        failures.append("fp8: NaN in the output (the tail leaked)")
+    if not err <= tol:
+        failures.append(f"fp8: relative error {err:.3g} > {tol:g} against its float64 semantics")
+    if bool(out[end:].ne(0).any()):
+        failures.append("fp8: rows past cu_seqlens[-1] are not zero")
+    line = (f"fp8 (CPU)   experts with e4m3fn weights: rel err {err:.3g} against its float64 semantics "
+            f"(limit {tol:g}); {unquantized:.3g} against the unquantized float64 path (information)")
+    return line, failures
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -222,6 +285,9 @@ def check(args) -> int:
         f"time/call   eager {_fmt_s(eager_s)}, compiled {_fmt_s(compiled_s)} "
         f"(median of {eager_n} and {compiled_n} batches of 5 calls)",
     ]
+    fp8_line, fp8_failures = check_fp8()
+    lines.append(fp8_line)
+    failures += fp8_failures
     print("moonep_ops check")
     for line in lines:
         print("  " + line)

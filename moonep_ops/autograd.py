@@ -21,6 +21,8 @@
 - ``cu_seqlens`` gets no gradient.
 - ``grouped_gemm_out`` and ``experts_out`` are not differentiable: they raise if asked to record
   gradients.
+- The FP8 ops (``grouped_gemm_fp8``, ``experts_fp8`` and their ``_out`` variants,
+  ``INFERENCE_ONLY_OPS``) have no backward: they raise when an input requires grad in grad mode.
 - The backward ops themselves are registered as non-differentiable; a double backward
   (``create_graph=True`` through any op of ``DIFFERENTIABLE_OPS``) raises instead of silently
   dropping terms (:func:`_first_order_only` wraps every registered backward).
@@ -222,3 +224,32 @@ lib.impl("grouped_gemm_out", _out_variant_autograd("grouped_gemm_out", "moonep_o
 lib.impl("experts_out", _out_variant_autograd("experts_out", "moonep_ops.moonep_experts"), "Autograd", with_keyset=True)
 for _name in BACKWARD_OPS:
     lib.impl(_name, _nondifferentiable(_name), "Autograd", with_keyset=True)
+
+
+# FP8 ops: inference only -------------------------------------------------------------------
+
+INFERENCE_ONLY_OPS = ("grouped_gemm_fp8", "grouped_gemm_fp8_out", "experts_fp8", "experts_fp8_out")
+
+
+def _inference_only(name: str):
+    """Autograd kernel of an FP8 op: raise when a gradient is asked for (there is no backward
+    through a quantized GEMM here), else run it with outputs that do not require grad; an ``_out``
+    op also bumps ``out``'s version, as the other out ops do."""
+    overload = op(name)
+    writes_out = name.endswith("_out")
+
+    def kernel(keyset, *args):
+        if torch.is_grad_enabled() and _requires_grad(*args):
+            raise RuntimeError(
+                f"{NAMESPACE}::{name}: FP8 weights are inference-only (no backward); call it under "
+                "torch.no_grad() / inference_mode or with tensors that do not require grad")
+        result = _redispatch_below_autograd(overload, keyset, args)
+        if writes_out:
+            torch.autograd.graph.increment_version(args[-1])
+        return result
+
+    return kernel
+
+
+for _name in INFERENCE_ONLY_OPS:
+    lib.impl(_name, _inference_only(_name), "Autograd", with_keyset=True)

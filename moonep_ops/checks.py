@@ -6,12 +6,14 @@ comparison to a runtime assert instead of guarding). Messages are formatted only
 fails. The kernels' eager calls go through :func:`checked`, which runs a check once per static
 signature (:mod:`moonep_ops.cache`). The data checks on ``cu_seqlens``
 (:func:`check_cu_seqlens_values`) read the tensor: the CPU path runs them, CUDA only with
-``MOONEP_OPS_DEBUG=1`` (:func:`debug_checks`).
+``MOONEP_OPS_DEBUG=1`` (:func:`debug_checks`). The FP8 ops' checks (the end of this module) add
+e4m3fn weights with their fp32 block scales, and on CUDA a contiguous K dimension for each weight and
+contiguous scales.
 """
 
 import torch
 
-from . import flags
+from . import flags, fp8
 from .cache import signature
 
 _HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -51,19 +53,31 @@ def _check_tensors(op_name: str, **named) -> None:
             raise RuntimeError(f"moonep::{op_name}: {name} must be a Tensor, got {got}")
 
 
+def _fp8_hint(*tensors: torch.Tensor) -> str:
+    """What to do instead when an FP8 weight reaches an op that is not an FP8 op."""
+    dtypes = {t.dtype for t in tensors}
+    if torch.float8_e5m2 in dtypes:
+        return " (FP8 weights must be torch.float8_e4m3fn with block scales; torch.float8_e5m2 is not supported)"
+    if torch.float8_e4m3fn in dtypes:
+        return (" (FP8 weights need their block scales: moonep_ops.grouped_gemm(..., w_scale=) or "
+                "moonep_ops.moonep_experts(..., w_gate_scale=, w_up_scale=, w_down_scale=))")
+    return ""
+
+
 def _check_dtype(op_name: str, arg: str, t: torch.Tensor) -> None:
     allowed = _CUDA_DTYPES if t.device.type == "cuda" else _CPU_DTYPES
     _check(
         t.dtype in allowed,
         _fail(op_name, lambda: f"{arg} has dtype {t.dtype}, expected one of "
-              f"{', '.join(str(d) for d in allowed)} on {t.device.type}"),
+              f"{', '.join(str(d) for d in allowed)} on {t.device.type}{_fp8_hint(t)}"),
     )
 
 
 def _check_same_dtype(op_name: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     _check(
         t.dtype == ref.dtype,
-        _fail(op_name, lambda: f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; they must match"),
+        _fail(op_name, lambda: f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}; "
+              f"they must match{_fp8_hint(t, ref)}"),
     )
 
 
@@ -385,3 +399,161 @@ def debug_checks(op_name: str, cu_seqlens: torch.Tensor, num_rows: int) -> None:
     """The data checks on CUDA, when ``MOONEP_OPS_DEBUG=1`` asks for them (they sync the host)."""
     if flags.debug_checks():
         check_cu_seqlens_values(op_name, cu_seqlens, num_rows)
+
+
+# FP8 block-scaled ops -------------------------------------------------------------------------
+
+_FP8_WEIGHT_DTYPE = torch.float8_e4m3fn
+_FP8_ACTIVATION_DTYPES = _HALF_DTYPES
+FP8_GEMM_INPUTS = ("a", "w", "w_scale", "cu_seqlens")
+EXPERTS_FP8_INPUTS = ("x", "w_gate", "w_gate_scale", "w_up", "w_up_scale", "w_down", "w_down_scale",
+                      "route_weights", "cu_seqlens")
+
+
+def _check_fp8_activations(op_name: str, name: str, t: torch.Tensor) -> None:
+    _check(
+        t.dtype in _FP8_ACTIVATION_DTYPES,
+        _fail(op_name, lambda: f"{name} has dtype {t.dtype}, expected torch.bfloat16 or torch.float16 "
+              "(the FP8 ops quantize 16-bit activations themselves)"),
+    )
+
+
+def _check_fp8_weight_dtype(op_name: str, name: str, w: torch.Tensor) -> None:
+    if w.dtype == torch.float8_e5m2:
+        raise RuntimeError(f"moonep::{op_name}: {name} has dtype torch.float8_e5m2; the supported FP8 "
+                           "format is torch.float8_e4m3fn (per 128 x 128 block scaled)")
+    _check(
+        w.dtype == _FP8_WEIGHT_DTYPE,
+        _fail(op_name, lambda: f"{name} has dtype {w.dtype}, expected torch.float8_e4m3fn "
+              "(the FP8 ops take e4m3fn weights only)"),
+    )
+
+
+def _check_fp8_scale(op_name: str, scale_name: str, scale: torch.Tensor, w_name: str, w: torch.Tensor) -> None:
+    """``scale`` is fp32 ``[G, ceil(N/128), ceil(K/128)]`` for ``w [G, N, K]``."""
+    expected = fp8.scale_shape(w.shape)
+    _check(
+        scale.dim() == 3 and all(s == e for s, e in zip(scale.shape, expected)),
+        _fail(op_name, lambda: f"{scale_name} has shape {_shape(scale)}, expected [G, ceil(N/128), ceil(K/128)] = "
+              f"[{', '.join(str(e) for e in expected)}] for {w_name} of shape {_shape(w)}"),
+    )
+    _check(
+        scale.dtype == torch.float32,
+        _fail(op_name, lambda: f"{scale_name} has dtype {scale.dtype}, expected torch.float32"),
+    )
+
+
+def _check_fp8_cuda_layout(op_name: str, w_name: str, w: torch.Tensor, scale_name: str, scale: torch.Tensor) -> None:
+    """CUDA kernels load weight rows along K and scales by flat index; the CPU kernels take any strides."""
+    if w.device.type != "cuda":
+        return
+    _check(
+        w.shape[2] <= 1 or w.stride(2) == 1,
+        _fail(op_name, lambda: f"{w_name} must have its K dimension contiguous on CUDA ({w_name}.stride(-1) == 1), "
+              f"got shape {_shape(w)} with strides {list(w.stride())}"),
+    )
+    _check(
+        scale.is_contiguous(),
+        _fail(op_name, lambda: f"{scale_name} must be contiguous on CUDA, got shape {_shape(scale)} "
+              f"with strides {list(scale.stride())}"),
+    )
+
+
+def _check_fp8_weight(op_name: str, w_name: str, w: torch.Tensor, scale_name: str, scale: torch.Tensor,
+                      ref_name: str, ref: torch.Tensor) -> None:
+    """An FP8 weight (shape checked by the caller) and its scale, on ``ref``'s device."""
+    _check_fp8_weight_dtype(op_name, w_name, w)
+    _check_same_device(op_name, ref_name, ref, **{w_name: w, scale_name: scale})
+    _check_fp8_scale(op_name, scale_name, scale, w_name, w)
+    _check_fp8_cuda_layout(op_name, w_name, w, scale_name, scale)
+
+
+def check_grouped_gemm_fp8(op_name: str, a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                           cu_seqlens: torch.Tensor, *, a_name: str = "a", w_name: str = "w",
+                           scale_name: str = "w_scale") -> None:
+    """``a [NvS, K]`` bf16/fp16, ``w [G, N, K]`` e4m3fn, ``w_scale [G, ceil(N/128), ceil(K/128)]``
+    fp32, ``cu_seqlens [G]`` int32."""
+    _check_tensors(op_name, **{a_name: a, w_name: w, scale_name: w_scale, "cu_seqlens": cu_seqlens})
+    _check_rank(op_name, a_name, a, "[NvS, K]")
+    _check_rank(op_name, w_name, w, "[G, N, K]")
+    _check(w.shape[0] >= 1,
+           _fail(op_name, lambda: f"{w_name} must have G >= 1 groups, got shape {_shape(w)}"))
+    _check(
+        a.shape[1] == w.shape[2],
+        _fail(op_name, lambda: f"{a_name} is [NvS, K] = {_shape(a)} and {w_name} is [G, N, K] = "
+              f"{_shape(w)}: K must match (out = {a_name} @ {w_name}[g].T)"),
+    )
+    _check_fp8_activations(op_name, a_name, a)
+    _check_fp8_weight(op_name, w_name, w, scale_name, w_scale, a_name, a)
+    _check_same_device(op_name, a_name, a, cu_seqlens=cu_seqlens)
+    _check_cu_seqlens_meta(op_name, cu_seqlens, w.shape[0], w_name)
+
+
+def check_experts_fp8(op_name: str, x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale,
+                      route_weights, cu_seqlens) -> None:
+    """The bf16 experts op's shape rules (``w_gate``, ``w_up [G, I, H]``, ``w_down [G, H, I]``) with
+    e4m3fn weights, each with its fp32 block scales, and bf16/fp16 ``x``."""
+    _check_tensors(op_name, x=x, w_gate=w_gate, w_gate_scale=w_gate_scale, w_up=w_up, w_up_scale=w_up_scale,
+                   w_down=w_down, w_down_scale=w_down_scale, cu_seqlens=cu_seqlens)
+    check_grouped_gemm_fp8(op_name, x, w_gate, w_gate_scale, cu_seqlens, a_name="x", w_name="w_gate",
+                           scale_name="w_gate_scale")
+    _check(
+        w_up.dim() == 3 and all(u == g for u, g in zip(w_up.shape, w_gate.shape)),
+        _fail(op_name, lambda: f"w_up has shape {_shape(w_up)} but w_gate has shape {_shape(w_gate)}; "
+              "they must match ([G, I, H])"),
+    )
+    _check_fp8_weight(op_name, "w_up", w_up, "w_up_scale", w_up_scale, "x", x)
+    expected = (w_gate.shape[0], x.shape[1], w_gate.shape[1])
+    _check(
+        w_down.dim() == 3 and all(d == e for d, e in zip(w_down.shape, expected)),
+        _fail(op_name, lambda: f"w_down must be [G, H, I] = [{', '.join(str(e) for e in expected)}] "
+              f"(G, I from w_gate, H from x), got shape {_shape(w_down)}"),
+    )
+    _check_fp8_weight(op_name, "w_down", w_down, "w_down_scale", w_down_scale, "x", x)
+    _check_same_device(op_name, "x", x, route_weights=route_weights)
+    _check_route_weights(op_name, route_weights, x, "x")
+
+
+def check_grouped_gemm_fp8_out(op_name: str, a, w, w_scale, cu_seqlens, out) -> None:
+    check_grouped_gemm_fp8(op_name, a, w, w_scale, cu_seqlens)
+    check_out(op_name, out, (a.shape[0], w.shape[1]), a.dtype, a.device)
+
+
+def check_experts_fp8_out(op_name: str, x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale,
+                          route_weights, cu_seqlens, out) -> None:
+    check_experts_fp8(op_name, x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale,
+                      route_weights, cu_seqlens)
+    check_out(op_name, out, tuple(x.shape), x.dtype, x.device)
+
+
+def check_grouped_gemm_fp8_out_overlap(op_name: str, a, w, w_scale, cu_seqlens, out) -> None:
+    check_out_overlap(op_name, out, FP8_GEMM_INPUTS, a, w, w_scale, cu_seqlens)
+
+
+def check_experts_fp8_out_overlap(op_name: str, x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale,
+                                  route_weights, cu_seqlens, out) -> None:
+    # out may be x itself, as for the bf16 experts op: only the first GEMM (with its
+    # quantization of x) reads x, and each row tile of x is read before out's rows in it are written.
+    check_out_overlap(op_name, out, EXPERTS_FP8_INPUTS, x, w_gate, w_gate_scale, w_up, w_up_scale, w_down,
+                      w_down_scale, route_weights, cu_seqlens, may_be="x")
+
+
+def check_fp8_weights_and_scales(op_name: str, weights: tuple, scales: tuple) -> None:
+    """What the public API checks before it calls an FP8 op: every weight FP8 or none, and a scale
+    exactly for each FP8 weight. ``weights`` and ``scales`` are ``(name, value)`` pairs in the same
+    order. Non-tensor weights are left to the op's own check (it names them)."""
+    tensors = [(name, w) for name, w in weights if isinstance(w, torch.Tensor)]
+    fp8_names = [name for name, w in tensors if w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)]
+    if fp8_names and len(fp8_names) < len(tensors):
+        described = ", ".join(f"{name} {w.dtype}" for name, w in tensors)
+        raise RuntimeError(f"moonep::{op_name}: weights must be all torch.float8_e4m3fn (with block scales) "
+                           f"or none, got {described}")
+    for (w_name, w), (scale_name, scale) in zip(weights, scales):
+        if not isinstance(w, torch.Tensor):
+            continue
+        if w_name in fp8_names and scale is None:
+            raise RuntimeError(f"moonep::{op_name}: {w_name} is {w.dtype} but {scale_name} is None; FP8 weights "
+                               f"need their fp32 block scales [G, ceil(N/128), ceil(K/128)] ({scale_name}=)")
+        if w_name not in fp8_names and scale is not None:
+            raise RuntimeError(f"moonep::{op_name}: {scale_name} is given but {w_name} has dtype {w.dtype}; "
+                               "block scales go with torch.float8_e4m3fn weights only")

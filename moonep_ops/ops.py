@@ -11,25 +11,42 @@ import torch
 from . import checks
 from .schemas import overloads as _ops
 
+_FP8 = torch.float8_e4m3fn
 
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, cu_seqlens: torch.Tensor, *,
-                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 w_scale: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``out[seg_g] = a[seg_g] @ w[g].T`` for each segment of ``cu_seqlens``.
 
     Args:
         a: ``[NvS, K]`` rows in segment order.
         w: ``[G, N, K]`` weights (vLLM's ``[E, N, K]`` convention).
         cu_seqlens: ``[G]`` int32 cumulative segment ends (no leading zero).
+        w_scale: with ``torch.float8_e4m3fn`` weights (and only then), their fp32 scales per
+            128 x 128 block, ``[G, ceil(N/128), ceil(K/128)]``: the call is then the FP8 op
+            ``grouped_gemm_fp8`` (``a`` bf16/fp16, quantized per row and 128 columns inside;
+            inference only; semantics in :mod:`moonep_ops.fp8`).
         out: optional contiguous ``[NvS, N]`` buffer to write into (not differentiable).
 
     Returns:
         ``[NvS, N]`` in ``a``'s dtype, accumulated in fp32. Rows at or past
         ``cu_seqlens[-1]`` are zero, and those rows of ``a`` are never read.
     """
+    # The FP8 op only with a scale or e4m3fn weights: one cheap test in front of the bf16 path.
+    if w_scale is None and (w is None or w.dtype is not _FP8):
+        if out is None:
+            return _ops.grouped_gemm(a, w, cu_seqlens)
+        _ops.grouped_gemm_out(a, w, cu_seqlens, out)
+        return out
+    return _grouped_gemm_fp8(a, w, w_scale, cu_seqlens, out)
+
+
+def _grouped_gemm_fp8(a, w, w_scale, cu_seqlens, out):
+    name = "grouped_gemm_fp8" if out is None else "grouped_gemm_fp8_out"
+    checks.check_fp8_weights_and_scales(name, (("w", w),), (("w_scale", w_scale),))
     if out is None:
-        return _ops.grouped_gemm(a, w, cu_seqlens)
-    _ops.grouped_gemm_out(a, w, cu_seqlens, out)
+        return _ops.grouped_gemm_fp8(a, w, w_scale, cu_seqlens)
+    _ops.grouped_gemm_fp8_out(a, w, w_scale, cu_seqlens, out)
     return out
 
 
@@ -74,7 +91,9 @@ def grouped_gemm_silu_mul_with_gate_up(x: torch.Tensor, w_gate: torch.Tensor, w_
 def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                    w_down: torch.Tensor, cu_seqlens: torch.Tensor,
                    route_weights: Optional[torch.Tensor] = None, *,
-                   out: Optional[torch.Tensor] = None, recompute: bool = False) -> torch.Tensor:
+                   out: Optional[torch.Tensor] = None, recompute: bool = False,
+                   w_gate_scale: Optional[torch.Tensor] = None, w_up_scale: Optional[torch.Tensor] = None,
+                   w_down_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The whole MoonEP expert compute over dispatched rows.
 
     ``x`` is ``[NvS, H]``, ``w_gate``/``w_up`` are ``[G, I, H]``, ``w_down`` is ``[G, H, I]``.
@@ -89,7 +108,19 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     torchtitan-style training does (2 x ``[NvS, I]``); the backward reuses them, with one dual
     dgrad for ``dx``. ``recompute=True`` saves neither and recomputes gate/up in the backward
     (less activation memory, slower); docs/training.md gives both paths' speed on the H200.
+
+    FP8: with ``torch.float8_e4m3fn`` weights, pass the three fp32 block scales
+    (``w_*_scale [G, ceil(N/128), ceil(K/128)]`` for a weight ``[G, N, K]``); the call is then the
+    op ``experts_fp8`` (``experts_fp8_out`` with ``out=``, which may be ``x``): ``x`` bf16/fp16,
+    quantized per row and 128 columns inside, as is the activation before the down GEMM
+    (semantics in :mod:`moonep_ops.fp8`). Inference only: it raises if an input requires grad in
+    grad mode; ``recompute`` does not apply.
     """
+    # FP8 weights or any scale: the FP8 op. The bf16 path pays only these four tests.
+    if (w_gate_scale is not None or w_up_scale is not None or w_down_scale is not None
+            or (w_gate is not None and w_gate.dtype is _FP8)):
+        return _experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights,
+                            cu_seqlens, out)
     if not _needs_grad(x, w_gate, w_up, w_down, route_weights):
         if out is None:
             return _ops.experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
@@ -104,6 +135,18 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     else:
         act, _, _ = _ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
     return grouped_gemm(act, w_down, cu_seqlens, out=out)
+
+
+def _experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens, out):
+    name = "experts_fp8" if out is None else "experts_fp8_out"
+    checks.check_fp8_weights_and_scales(name, (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)),
+                                        (("w_gate_scale", w_gate_scale), ("w_up_scale", w_up_scale),
+                                         ("w_down_scale", w_down_scale)))
+    args = (x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens)
+    if out is None:
+        return _ops.experts_fp8(*args)
+    _ops.experts_fp8_out(*args, out)
+    return out
 
 
 def _check_experts_args(x, w_gate, w_up, w_down, route_weights, cu_seqlens) -> None:

@@ -38,6 +38,20 @@ SCHEMAS: dict[str, str] = {
         "experts_out(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? route_weights, "
         "Tensor cu_seqlens, Tensor(a!) out) -> ()"
     ),
+    # FP8 block-scaled weights (inference only; semantics in moonep_ops/fp8.py): e4m3fn weights,
+    # fp32 scales per 128 x 128 block, activations quantized inside per row and 128 columns.
+    "grouped_gemm_fp8": "grouped_gemm_fp8(Tensor a, Tensor w, Tensor w_scale, Tensor cu_seqlens) -> Tensor",
+    "grouped_gemm_fp8_out": (
+        "grouped_gemm_fp8_out(Tensor a, Tensor w, Tensor w_scale, Tensor cu_seqlens, Tensor(a!) out) -> ()"
+    ),
+    "experts_fp8": (
+        "experts_fp8(Tensor x, Tensor w_gate, Tensor w_gate_scale, Tensor w_up, Tensor w_up_scale, "
+        "Tensor w_down, Tensor w_down_scale, Tensor? route_weights, Tensor cu_seqlens) -> Tensor"
+    ),
+    "experts_fp8_out": (
+        "experts_fp8_out(Tensor x, Tensor w_gate, Tensor w_gate_scale, Tensor w_up, Tensor w_up_scale, "
+        "Tensor w_down, Tensor w_down_scale, Tensor? route_weights, Tensor cu_seqlens, Tensor(a!) out) -> ()"
+    ),
     # Backward ops; the autograd formulas that call them live in moonep_ops/autograd.py.
     "grouped_gemm_dgrad": "grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor",
     "grouped_gemm_dual_dgrad": (

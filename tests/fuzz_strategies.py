@@ -17,9 +17,11 @@ from hypothesis import note
 from hypothesis import strategies as st
 
 import moonep_ops
+from moonep_ops.fp8 import quantize_weight
 from moonep_ops.schemas import SCHEMAS
 from .reference import (TOLERANCE, experts_ref, grouped_gemm_ref, grouped_gemm_silu_mul_ref,
                         rel_err, row_groups, silu_mul_weight_ref)
+from .test_fp8 import ref_experts_fp8, ref_grouped_gemm_fp8  # the FP8 ops' float64 references
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_G = 2000
@@ -228,6 +230,38 @@ def experts_inputs(p: Problem, device) -> dict:
                 grad=m.rows(i), grad_up=m.rows(i))
 
 
+FP8_DTYPES = (torch.bfloat16, torch.float16)  # the activation dtypes of the FP8 ops
+
+
+def _fp8_weight(m: _Maker, g, n, k) -> tuple:
+    """``(w e4m3fn [G, N, K], scale fp32)`` from random weights (moonep_ops.fp8.quantize_weight);
+    strided: rows of a buffer with NaN rows between them (K stays contiguous, as CUDA requires)."""
+    w, scale = quantize_weight(torch.randn(g, n, k, generator=m.gen) / k ** 0.5)
+    w, scale = w.to(m.device), scale.to(m.device)
+    if m.p.strided and w.numel():
+        buf = torch.full((g, 2 * n, k), float("nan"), device=m.device).to(w.dtype)
+        w = buf[:, ::2].copy_(w)
+    return w, scale
+
+
+def fp8_gemm_inputs(p: Problem, device) -> dict:
+    """a ``[NvS, K]``, e4m3fn w ``[G, N, K]`` and its w_scale."""
+    m = _Maker(p, device)
+    a = m.rows(p.k)
+    w, w_scale = _fp8_weight(m, p.num_groups, p.n, p.k)
+    return dict(a=a, w=w, w_scale=w_scale, cu=m.cu_seqlens())
+
+
+def fp8_experts_inputs(p: Problem, device) -> dict:
+    """x ``[NvS, H=K]``, e4m3fn w_gate/w_up ``[G, I=N, H]``, w_down ``[G, H, I]``, their scales."""
+    m = _Maker(p, device)
+    g, h, i = p.num_groups, p.k, p.n
+    x = m.rows(h)
+    (w_gate, sg), (w_up, su), (w_down, sd) = (_fp8_weight(m, *shape) for shape in ((g, i, h), (g, i, h), (g, h, i)))
+    return dict(x=x, w_gate=w_gate, w_gate_scale=sg, w_up=w_up, w_up_scale=su, w_down=w_down, w_down_scale=sd,
+                rw=m.route_weights(), cu=m.cu_seqlens())
+
+
 def poisoned(shape, dtype, device) -> torch.Tensor:
     """A NaN-filled output buffer: any element the op fails to write stays NaN."""
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
@@ -356,6 +390,37 @@ def _experts_out(t):
     return out
 
 
+_FP8_EXPERTS_ARGS = ("x", "w_gate", "w_gate_scale", "w_up", "w_up_scale", "w_down", "w_down_scale", "rw", "cu")
+
+
+def _fp8_experts_args(t) -> tuple:
+    return tuple(t[name] for name in _FP8_EXPERTS_ARGS)
+
+
+def _gg8_out_op(t):
+    out = poisoned((t["a"].shape[0], t["w"].shape[1]), t["a"].dtype, t["a"].device)
+    _ops().grouped_gemm_fp8_out(t["a"], t["w"], t["w_scale"], t["cu"], out)
+    return out
+
+
+def _experts8_out(t):
+    x = t["x"]
+    out = poisoned(x.shape, x.dtype, x.device)
+    ret = moonep_ops.moonep_experts(x, t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"], out=out,
+                                    w_gate_scale=t["w_gate_scale"], w_up_scale=t["w_up_scale"],
+                                    w_down_scale=t["w_down_scale"])
+    assert ret is out, "moonep_experts(out=) must return out"
+    return out
+
+
+def _ref_gg8(t):
+    return ref_grouped_gemm_fp8(t["a"], t["w"], t["w_scale"], t["cu"])
+
+
+def _ref_experts8(t):
+    return ref_experts_fp8(*_fp8_experts_args(t))
+
+
 def _rows(cols):
     """One ``[NvS, cols(p)]`` output in the problem's dtype."""
     return lambda p: (((p.nvs, cols(p)), p.dtype),)
@@ -400,6 +465,14 @@ _ALL_OPS = [
     OpSpec("moonep_experts_out", experts_inputs, _experts_out,
            lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),
            _rows(_K), op=None),
+    # FP8 block-scaled weights (16-bit activations only): the op or the public API, allocating and out=
+    OpSpec("grouped_gemm_fp8", fp8_gemm_inputs,
+           lambda t: moonep_ops.grouped_gemm(t["a"], t["w"], t["cu"], w_scale=t["w_scale"]),
+           _ref_gg8, _rows(_N), dtypes=FP8_DTYPES),
+    OpSpec("grouped_gemm_fp8_out", fp8_gemm_inputs, _gg8_out_op, _ref_gg8, _rows(_N), dtypes=FP8_DTYPES),
+    OpSpec("experts_fp8", fp8_experts_inputs, lambda t: _ops().experts_fp8(*_fp8_experts_args(t)),
+           _ref_experts8, _rows(_K), dtypes=FP8_DTYPES),
+    OpSpec("experts_fp8_out", fp8_experts_inputs, _experts8_out, _ref_experts8, _rows(_K), dtypes=FP8_DTYPES),
     # backward ops
     OpSpec("grouped_gemm_dgrad", gemm_inputs,
            lambda t: _ops().grouped_gemm_dgrad(t["grad"], t["w"], t["cu"]),

@@ -121,3 +121,13 @@ def experts_inputs(layout: Layout, dtype=torch.float32, device="cpu", *, with_we
     if with_weights:
         rw = fill_tail_nan(torch.rand(layout.nvs, device=device) + 0.1, layout.total)
     return x, w_gate, w_up, w_down, layout.cu_seqlens(device), rw
+
+
+def fp8_experts_inputs(layout: Layout, dtype=torch.bfloat16, device="cpu", *, with_weights=True):
+    """:func:`experts_inputs` with each weight as ``(w_fp8 e4m3fn, fp32 block scale)``
+    (quantized by moonep_ops.fp8.quantize_weight): ``(x, (w_gate, scale), (w_up, scale),
+    (w_down, scale), cu_seqlens, route_weights)``."""
+    from moonep_ops.fp8 import quantize_weight
+
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, dtype, device, with_weights=with_weights)
+    return (x, quantize_weight(w_gate), quantize_weight(w_up), quantize_weight(w_down), cu, rw)

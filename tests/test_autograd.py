@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import moonep_ops
-from moonep_ops.autograd import DIFFERENTIABLE_OPS
+from moonep_ops.autograd import DIFFERENTIABLE_OPS, INFERENCE_ONLY_OPS
 from moonep_ops.schemas import SCHEMAS, op
 
 from . import subprocess_jobs
@@ -843,8 +843,19 @@ torch.ops.moonep.experts, weights need grad, square loss: moonep::experts: doubl
 def test_every_differentiable_op_has_a_double_backward_entry():
     covered = {op_name for op_name, _ in DOUBLE_BACKWARD_PATHS}
     assert covered == set(DIFFERENTIABLE_OPS), set(DIFFERENTIABLE_OPS) ^ covered
-    differentiable = set(SCHEMAS) - set(BACKWARD_OPS) - {n for n in SCHEMAS if n.endswith("_out")}
+    # Every other op is a backward op, an out variant, or inference only (the FP8 ops).
+    out_variants = {n for n in SCHEMAS if n.endswith("_out")}
+    differentiable = set(SCHEMAS) - set(BACKWARD_OPS) - out_variants - set(INFERENCE_ONLY_OPS)
     assert differentiable == set(DIFFERENTIABLE_OPS)
+    assert not set(INFERENCE_ONLY_OPS) & set(DIFFERENTIABLE_OPS)
+
+
+def test_inference_only_ops_have_their_refusing_autograd_kernel():
+    """Without an Autograd kernel an op called with grad-requiring inputs would return outputs
+    silently cut from the graph; tests/test_fp8.py checks the refusal itself."""
+    assert set(INFERENCE_ONLY_OPS) <= set(SCHEMAS)
+    for name in INFERENCE_ONLY_OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"moonep::{name}", "Autograd"), name
 
 
 @pytest.mark.parametrize("path", list(DOUBLE_BACKWARD_PATHS), ids=[p[1] for p in DOUBLE_BACKWARD_PATHS])

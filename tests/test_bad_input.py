@@ -736,3 +736,306 @@ class TestMoonepExpertsCuSeqlensValues(BadInputCase):
 moonep::experts: cu_seqlens must be non-decreasing, got cu_seqlens[0] = 4 > cu_seqlens[1] = 2
 moonep::experts: cu_seqlens must be non-negative, got cu_seqlens[0] = -1
 moonep::experts: cu_seqlens[-1] = 9 exceeds NvS = 8 (the number of rows)""")
+
+
+# --- FP8 block-scaled ops ------------------------------------------------------------------------
+
+gg8 = torch.ops.moonep.grouped_gemm_fp8.default
+gg8_out = torch.ops.moonep.grouped_gemm_fp8_out.default
+experts8 = torch.ops.moonep.experts_fp8.default
+experts8_out = torch.ops.moonep.experts_fp8_out.default
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8_weight(*shape):
+    """An e4m3fn weight and its fp32 block scales (ones: only the metadata matters here)."""
+    g, n, k = shape
+    return torch.randn(shape).to(FP8), torch.ones(g, -(-n // 128), -(-k // 128))
+
+
+def _gg8_args():
+    """``(a [NvS, K] bf16, w [G, N, K] e4m3fn, w_scale [G, 1, 1], cu_seqlens)``."""
+    return (torch.randn(NVS, K, dtype=torch.bfloat16), *_fp8_weight(G, N, K), _cu())
+
+
+def _experts8_args():
+    """``(x [NvS, H=K] bf16, w_gate, scale, w_up, scale [G, I=N, H], w_down, scale [G, H, I], rw, cu)``."""
+    x = torch.randn(NVS, K, dtype=torch.bfloat16)
+    return (x, *_fp8_weight(G, N, K), *_fp8_weight(G, N, K), *_fp8_weight(G, K, N), torch.rand(NVS), _cu())
+
+
+def _replaced(args, **changes):
+    """``args`` of experts_fp8 with the named ones replaced."""
+    names = ("x", "w_gate", "w_gate_scale", "w_up", "w_up_scale", "w_down", "w_down_scale", "route_weights",
+             "cu_seqlens")
+    return tuple(changes.get(name, arg) for name, arg in zip(names, args))
+
+
+def _k_strided(w):
+    """``w`` with the same values, K not the innermost dimension in memory."""
+    return w.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+class TestGroupedGemmFp8BadInput(BadInputCase):
+    def test_activation_dtype(self):
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises(gg8, a.float(), w, s, cu),
+            """moonep::grouped_gemm_fp8: a has dtype torch.float32, expected torch.bfloat16 or torch.float16 (the FP8 ops quantize 16-bit activations themselves)""")
+        self.assertExpectedInline(
+            self.raises(gg8, a.to(FP8), w, s, cu),
+            """moonep::grouped_gemm_fp8: a has dtype torch.float8_e4m3fn, expected torch.bfloat16 or torch.float16 (the FP8 ops quantize 16-bit activations themselves)""")
+
+    def test_weight_dtype(self):
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises(gg8, a, w.bfloat16(), s, cu),
+            """moonep::grouped_gemm_fp8: w has dtype torch.bfloat16, expected torch.float8_e4m3fn (the FP8 ops take e4m3fn weights only)""")
+        self.assertExpectedInline(
+            self.raises(gg8, a, w.to(torch.float8_e5m2), s, cu),
+            """moonep::grouped_gemm_fp8: w has dtype torch.float8_e5m2; the supported FP8 format is torch.float8_e4m3fn (per 128 x 128 block scaled)""")
+
+    def test_scale_shape(self):
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises(gg8, a, w, torch.ones(G, 1, 2), cu),
+            """moonep::grouped_gemm_fp8: w_scale has shape [3, 1, 2], expected [G, ceil(N/128), ceil(K/128)] = [3, 1, 1] for w of shape [3, 12, 16]""")
+        self.assertExpectedInline(
+            self.raises(gg8, a, w, s[0], cu),
+            """moonep::grouped_gemm_fp8: w_scale has shape [1, 1], expected [G, ceil(N/128), ceil(K/128)] = [3, 1, 1] for w of shape [3, 12, 16]""")
+        a_wide, (w_wide, _), cu = torch.randn(NVS, 300, dtype=torch.bfloat16), _fp8_weight(G, 130, 300), _cu()
+        self.assertExpectedInline(
+            self.raises(gg8, a_wide, w_wide, torch.ones(G, 1, 3), cu),
+            """moonep::grouped_gemm_fp8: w_scale has shape [3, 1, 3], expected [G, ceil(N/128), ceil(K/128)] = [3, 2, 3] for w of shape [3, 130, 300]""")
+
+    def test_scale_dtype(self):
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises(gg8, a, w, s.bfloat16(), cu),
+            """moonep::grouped_gemm_fp8: w_scale has dtype torch.bfloat16, expected torch.float32""")
+        self.assertExpectedInline(
+            self.raises(gg8, a, w, s.to(FP8), cu),
+            """moonep::grouped_gemm_fp8: w_scale has dtype torch.float8_e4m3fn, expected torch.float32""")
+
+    def test_shapes_and_cu_seqlens(self):
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises(gg8, a[:, :K - 1], w, s, cu),
+            """moonep::grouped_gemm_fp8: a is [NvS, K] = [8, 15] and w is [G, N, K] = [3, 12, 16]: K must match (out = a @ w[g].T)""")
+        self.assertExpectedInline(
+            self.raises(gg8, a, w[0], s, cu),
+            """moonep::grouped_gemm_fp8: w must be 3-D [G, N, K], got shape [12, 16]""")
+        self.assertExpectedInline(
+            self.raises(gg8, a, w, s, _cu((3, 6))),
+            """moonep::grouped_gemm_fp8: cu_seqlens has 2 entries but w has G = 3 groups (w.shape[0]); they must match""")
+        self.assertExpectedInline(
+            self.raises(gg8, a, w, s, cu.long()),
+            """moonep::grouped_gemm_fp8: cu_seqlens must be int32, got torch.int64""")
+
+    def test_devices(self):
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises(gg8, a, w, s.to("meta"), cu),
+            """moonep::grouped_gemm_fp8: w_scale is on meta but a is on cpu; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises_fake(gg8, a, w, s, cu, cuda=(0, 1, 3)),
+            """moonep::grouped_gemm_fp8: w_scale is on cpu but a is on cuda:0; all tensors must be on one device""")
+
+    def test_cuda_layout(self):
+        # CUDA loads weight rows along K and scales by flat index; the CPU kernel takes any strides.
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises_fake(gg8, a, _k_strided(w), s, cu, cuda=(0, 1, 2, 3)),
+            """moonep::grouped_gemm_fp8: w must have its K dimension contiguous on CUDA (w.stride(-1) == 1), got shape [3, 12, 16] with strides [192, 1, 12]""")
+        a_wide, (w_wide, _) = torch.randn(NVS, 300, dtype=torch.bfloat16), _fp8_weight(G, N, 300)
+        s_strided = torch.ones(G, 1, 6)[:, :, ::2]  # [G, 1, 3], every other element
+        self.assertExpectedInline(
+            self.raises_fake(gg8, a_wide, w_wide, s_strided, cu, cuda=(0, 1, 2, 3)),
+            """moonep::grouped_gemm_fp8: w_scale must be contiguous on CUDA, got shape [3, 1, 3] with strides [6, 6, 2]""")
+        self.assertEqual(gg8(a, _k_strided(w), s, cu).shape, (NVS, N))  # CPU: fine
+
+    def test_out(self):
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises(gg8_out, a, w, s, cu, torch.empty(NVS, N)),
+            """moonep::grouped_gemm_fp8_out: out has dtype torch.float32, expected torch.bfloat16""")
+        self.assertExpectedInline(
+            self.raises(gg8_out, a, w, s, cu, torch.empty(NVS, K, dtype=torch.bfloat16)),
+            """moonep::grouped_gemm_fp8_out: out has shape [8, 16], expected [8, 12]""")
+        self.assertExpectedInline(
+            self.raises(gg8_out, a, w, s, cu, torch.empty(N, NVS, dtype=torch.bfloat16).t()),
+            """moonep::grouped_gemm_fp8_out: out must be contiguous, got shape [8, 12] with strides [1, 8]""")
+
+    def test_out_overlaps_an_input(self):
+        a, w, s, cu = _gg8_args()
+        buf = torch.empty(NVS * (K + N), dtype=torch.bfloat16)
+        a_in_buf = buf[:NVS * K].view(NVS, K).copy_(a)
+        self.assertExpectedInline(
+            self.raises(gg8_out, a_in_buf, w, s, cu, buf[NVS * 4:NVS * 4 + NVS * N].view(NVS, N), fake=False),
+            """moonep::grouped_gemm_fp8_out: out overlaps a in memory; out must not share memory with any input (pass a separate buffer)""")
+        scale_buf = torch.empty(2 * NVS * N, dtype=torch.bfloat16)
+        s_in_buf = scale_buf.view(torch.float32)[:G].view(G, 1, 1).copy_(s)
+        self.assertExpectedInline(
+            self.raises(gg8_out, a, w, s_in_buf, cu, scale_buf[:NVS * N].view(NVS, N), fake=False),
+            """moonep::grouped_gemm_fp8_out: out overlaps w_scale in memory; out must not share memory with any input (pass a separate buffer)""")
+
+
+class TestExpertsFp8BadInput(BadInputCase):
+    def test_shapes(self):
+        args = _experts8_args()
+        x, wg, sg, wu, su, wd, sd, rw, cu = args
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, w_up=wu[:, :N - 1])),
+            """moonep::experts_fp8: w_up has shape [3, 11, 16] but w_gate has shape [3, 12, 16]; they must match ([G, I, H])""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, w_down=wg, w_down_scale=sg)),
+            """moonep::experts_fp8: w_down must be [G, H, I] = [3, 16, 12] (G, I from w_gate, H from x), got shape [3, 12, 16]""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, w_down_scale=torch.ones(G, 2, 1))),
+            """moonep::experts_fp8: w_down_scale has shape [3, 2, 1], expected [G, ceil(N/128), ceil(K/128)] = [3, 1, 1] for w_down of shape [3, 16, 12]""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, route_weights=rw[:NVS - 1])),
+            """moonep::experts_fp8: route_weights must be [NvS] = [8] (one per row of x), got shape [7]""")
+
+    def test_dtypes(self):
+        args = _experts8_args()
+        x, wg, sg, wu, su, wd, sd, rw, cu = args
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, x=x.float())),
+            """moonep::experts_fp8: x has dtype torch.float32, expected torch.bfloat16 or torch.float16 (the FP8 ops quantize 16-bit activations themselves)""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, x=x.to(FP8))),
+            """moonep::experts_fp8: x has dtype torch.float8_e4m3fn, expected torch.bfloat16 or torch.float16 (the FP8 ops quantize 16-bit activations themselves)""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, w_up=wu.bfloat16())),
+            """moonep::experts_fp8: w_up has dtype torch.bfloat16, expected torch.float8_e4m3fn (the FP8 ops take e4m3fn weights only)""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, w_down=wd.to(torch.float8_e5m2))),
+            """moonep::experts_fp8: w_down has dtype torch.float8_e5m2; the supported FP8 format is torch.float8_e4m3fn (per 128 x 128 block scaled)""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, w_gate_scale=sg.double())),
+            """moonep::experts_fp8: w_gate_scale has dtype torch.float64, expected torch.float32""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, route_weights=rw.bfloat16())),
+            """moonep::experts_fp8: route_weights must be float32, got torch.bfloat16""")
+
+    def test_devices_and_cuda_layout(self):
+        args = _experts8_args()
+        self.assertExpectedInline(
+            self.raises_fake(experts8, *args, cuda=(0, 1, 2, 3, 4, 5, 6, 8)),
+            """moonep::experts_fp8: route_weights is on cpu but x is on cuda:0; all tensors must be on one device""")
+        self.assertExpectedInline(
+            self.raises_fake(experts8, *_replaced(args, w_down=_k_strided(args[5])), cuda=range(9)),
+            """moonep::experts_fp8: w_down must have its K dimension contiguous on CUDA (w_down.stride(-1) == 1), got shape [3, 16, 12] with strides [192, 1, 16]""")
+
+    def test_out(self):
+        args = _experts8_args()
+        self.assertExpectedInline(
+            self.raises(experts8_out, *args, torch.empty(NVS, N, dtype=torch.bfloat16)),
+            """moonep::experts_fp8_out: out has shape [8, 12], expected [8, 16]""")
+        self.assertExpectedInline(
+            self.raises(experts8_out, *args, torch.empty(NVS, K, dtype=torch.float16)),
+            """moonep::experts_fp8_out: out has dtype torch.float16, expected torch.bfloat16""")
+        buf = torch.empty(NVS * K + 1, dtype=torch.bfloat16)
+        x_in_buf = buf[:NVS * K].view(NVS, K).copy_(args[0])
+        self.assertExpectedInline(
+            self.raises(experts8_out, *_replaced(args, x=x_in_buf), buf[1:].view(NVS, K), fake=False),
+            """moonep::experts_fp8_out: out overlaps x in memory; out must not share memory with any input other than x itself (pass a separate buffer)""")
+
+
+class TestFp8ApiBadInput(BadInputCase):
+    """The public API picks the FP8 op from the weights' dtype and the scales; what does not fit
+    is refused, naming the op and the argument."""
+
+    def _experts(self, args, **scales):
+        x, wg, _, wu, _, wd, _, rw, cu = args
+        return self.raises(functools.partial(moonep_ops.moonep_experts, **scales), x, wg, wu, wd, cu, rw, fake=False)
+
+    def test_fp8_weight_without_scale(self):
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises(moonep_ops.grouped_gemm, a, w, cu, fake=False),
+            """moonep::grouped_gemm_fp8: w is torch.float8_e4m3fn but w_scale is None; FP8 weights need their fp32 block scales [G, ceil(N/128), ceil(K/128)] (w_scale=)""")
+        args = _experts8_args()
+        self.assertExpectedInline(self._experts(args), """moonep::experts_fp8: w_gate is torch.float8_e4m3fn but w_gate_scale is None; FP8 weights need their fp32 block scales [G, ceil(N/128), ceil(K/128)] (w_gate_scale=)""")
+        self.assertExpectedInline(
+            self._experts(args, w_gate_scale=args[2], w_down_scale=args[6]),
+            """moonep::experts_fp8: w_up is torch.float8_e4m3fn but w_up_scale is None; FP8 weights need their fp32 block scales [G, ceil(N/128), ceil(K/128)] (w_up_scale=)""")
+
+    def test_scale_for_non_fp8_weight(self):
+        a, w, s, cu = _gg8_args()
+        self.assertExpectedInline(
+            self.raises(functools.partial(moonep_ops.grouped_gemm, w_scale=s), a, w.bfloat16(), cu, fake=False),
+            """moonep::grouped_gemm_fp8: w_scale is given but w has dtype torch.bfloat16; block scales go with torch.float8_e4m3fn weights only""")
+        self.assertExpectedInline(
+            self.raises(functools.partial(moonep_ops.grouped_gemm, w_scale=s, out=torch.empty(NVS, N)), a.float(),
+                        w.float(), cu, fake=False),
+            """moonep::grouped_gemm_fp8_out: w_scale is given but w has dtype torch.float32; block scales go with torch.float8_e4m3fn weights only""")
+        x, wg, sg, wu, su, wd, sd, rw, cu = _experts8_args()
+        bf16_args = (x, wg.bfloat16(), sg, wu.bfloat16(), su, wd.bfloat16(), sd, rw, cu)
+        self.assertExpectedInline(
+            self._experts(bf16_args, w_up_scale=su),
+            """moonep::experts_fp8: w_up_scale is given but w_up has dtype torch.bfloat16; block scales go with torch.float8_e4m3fn weights only""")
+
+    def test_mixed_weight_dtypes(self):
+        args = _experts8_args()
+        x, wg, sg, wu, su, wd, sd, rw, cu = args
+        scales = dict(w_gate_scale=sg, w_up_scale=su, w_down_scale=sd)
+        mixed = (x, wg, sg, wu.bfloat16(), su, wd, sd, rw, cu)
+        self.assertExpectedInline(
+            self._experts(mixed, **scales),
+            """moonep::experts_fp8: weights must be all torch.float8_e4m3fn (with block scales) or none, got w_gate torch.float8_e4m3fn, w_up torch.bfloat16, w_down torch.float8_e4m3fn""")
+        # Without scales and a bf16 w_gate the call is the bf16 op, whose dtype error points at the scales.
+        self.assertExpectedInline(
+            self._experts((x, wg.bfloat16(), sg, wu, su, wd.bfloat16(), sd, rw, cu)),
+            """moonep::experts: w_up has dtype torch.float8_e4m3fn but x has dtype torch.bfloat16; they must match (FP8 weights need their block scales: moonep_ops.grouped_gemm(..., w_scale=) or moonep_ops.moonep_experts(..., w_gate_scale=, w_up_scale=, w_down_scale=))""")
+
+    def test_e5m2(self):
+        a, w, s, cu = _gg8_args()
+        w52 = w.to(torch.float8_e5m2)
+        self.assertExpectedInline(
+            self.raises(moonep_ops.grouped_gemm, a, w52, cu, fake=False),
+            """moonep::grouped_gemm: w has dtype torch.float8_e5m2 but a has dtype torch.bfloat16; they must match (FP8 weights must be torch.float8_e4m3fn with block scales; torch.float8_e5m2 is not supported)""")
+        self.assertExpectedInline(
+            self.raises(functools.partial(moonep_ops.grouped_gemm, w_scale=s), a, w52, cu, fake=False),
+            """moonep::grouped_gemm_fp8: w has dtype torch.float8_e5m2; the supported FP8 format is torch.float8_e4m3fn (per 128 x 128 block scaled)""")
+
+    def test_none_for_a_required_tensor(self):
+        a, w, s, cu = _gg8_args()
+        names = {0: "a", 1: "w", 2: "w_scale", 3: "cu"}
+        self.assertExpectedInline(_none_messages(self, gg8, (a, w, s, cu), names), """\
+a=None: moonep::grouped_gemm_fp8: a must be a Tensor, got None
+w=None: moonep::grouped_gemm_fp8: w must be a Tensor, got None
+w_scale=None: moonep::grouped_gemm_fp8: w_scale must be a Tensor, got None
+cu=None: moonep::grouped_gemm_fp8: cu_seqlens must be a Tensor, got None""")
+        names = {0: "x", 1: "w_gate", 2: "w_gate_scale", 3: "w_up", 4: "w_up_scale", 5: "w_down", 6: "w_down_scale",
+                 8: "cu"}
+        self.assertExpectedInline(_none_messages(self, experts8, _experts8_args(), names), """\
+x=None: moonep::experts_fp8: x must be a Tensor, got None
+w_gate=None: moonep::experts_fp8: w_gate must be a Tensor, got None
+w_gate_scale=None: moonep::experts_fp8: w_gate_scale must be a Tensor, got None
+w_up=None: moonep::experts_fp8: w_up must be a Tensor, got None
+w_up_scale=None: moonep::experts_fp8: w_up_scale must be a Tensor, got None
+w_down=None: moonep::experts_fp8: w_down must be a Tensor, got None
+w_down_scale=None: moonep::experts_fp8: w_down_scale must be a Tensor, got None
+cu=None: moonep::experts_fp8: cu_seqlens must be a Tensor, got None""")
+
+    def test_cu_seqlens_values(self):
+        lines = []
+        for ends in ((4, 2, 6), (3, 3, NVS + 1)):
+            a, w, s, _ = _gg8_args()
+            args = _replaced(_experts8_args(), cu_seqlens=_cu(ends))
+            out = torch.empty(NVS, N, dtype=torch.bfloat16)
+            lines += [self.raises(gg8, a, w, s, _cu(ends), fake=False),
+                      self.raises(gg8_out, a, w, s, _cu(ends), out, fake=False),
+                      self.raises(experts8, *args, fake=False),
+                      self.raises(experts8_out, *args, torch.empty_like(args[0]), fake=False)]
+        self.assertExpectedInline("\n".join(lines), """\
+moonep::grouped_gemm_fp8: cu_seqlens must be non-decreasing, got cu_seqlens[0] = 4 > cu_seqlens[1] = 2
+moonep::grouped_gemm_fp8_out: cu_seqlens must be non-decreasing, got cu_seqlens[0] = 4 > cu_seqlens[1] = 2
+moonep::experts_fp8: cu_seqlens must be non-decreasing, got cu_seqlens[0] = 4 > cu_seqlens[1] = 2
+moonep::experts_fp8_out: cu_seqlens must be non-decreasing, got cu_seqlens[0] = 4 > cu_seqlens[1] = 2
+moonep::grouped_gemm_fp8: cu_seqlens[-1] = 9 exceeds NvS = 8 (the number of rows)
+moonep::grouped_gemm_fp8_out: cu_seqlens[-1] = 9 exceeds NvS = 8 (the number of rows)
+moonep::experts_fp8: cu_seqlens[-1] = 9 exceeds NvS = 8 (the number of rows)
+moonep::experts_fp8_out: cu_seqlens[-1] = 9 exceeds NvS = 8 (the number of rows)""")

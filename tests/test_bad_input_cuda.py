@@ -24,6 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import moonep_ops
+from moonep_ops.fp8 import quantize_weight
 from moonep_ops.schemas import SCHEMAS
 from .reference import TOLERANCE, grouped_gemm_ref, rel_err
 from .test_bad_input import _no_sync
@@ -63,6 +64,45 @@ def _ops():
 
 def _gg_out_api(a, w, cu, out):
     return moonep_ops.grouped_gemm(a, w, cu, out=out)
+
+
+def _fp8(b):
+    """FP8 arguments built from the base tensors: ``x`` bf16 ``[NvS, K]``; e4m3fn ``w``, ``w_up``
+    ``[G, N, K]`` and ``w_down [G, K, N]`` with their scales (``*_s``); bf16 ``out [NvS, N]`` and
+    ``x_out [NvS, K]``."""
+    (w, w_s), (w_up, w_up_s), (w_down, w_down_s) = (quantize_weight(t) for t in (b.w, b.w_up, b.w_down))
+    x = b.a.bfloat16()
+    return SimpleNamespace(x=x, w=w, w_s=w_s, w_up=w_up, w_up_s=w_up_s, w_down=w_down, w_down_s=w_down_s,
+                           out=torch.empty(NVS, N, dtype=x.dtype, device=b.device), x_out=torch.empty_like(x))
+
+
+def _gg8(b, **changes):
+    """``(grouped_gemm_fp8, (a, w, w_scale, cu_seqlens))`` with the named arguments replaced."""
+    f = _fp8(b)
+    args = dict(a=f.x, w=f.w, w_scale=f.w_s, cu_seqlens=b.cu) | changes
+    return _ops().grouped_gemm_fp8, tuple(args.values())
+
+
+def _gg8_out(b, **changes):
+    f = _fp8(b)
+    args = dict(a=f.x, w=f.w, w_scale=f.w_s, cu_seqlens=b.cu, out=f.out) | changes
+    return _ops().grouped_gemm_fp8_out, tuple(args.values())
+
+
+def _experts8_args(b, f, **changes):
+    args = dict(x=f.x, w_gate=f.w, w_gate_scale=f.w_s, w_up=f.w_up, w_up_scale=f.w_up_s, w_down=f.w_down,
+                w_down_scale=f.w_down_s, route_weights=b.rw, cu_seqlens=b.cu) | changes
+    return tuple(args.values())
+
+
+def _experts8(b, **changes):
+    return _ops().experts_fp8, _experts8_args(b, _fp8(b), **changes)
+
+
+def _experts8_out(b, **changes):
+    f = _fp8(b)
+    out = changes.pop("out", f.x_out)
+    return _ops().experts_fp8_out, _experts8_args(b, f, **changes) + (out,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +242,33 @@ CASES = {
         _ops().experts_out, (b.a, b.w, b.w_up, b.w_down, b.rw, b.cu, torch.empty(K, NVS, device=b.device).t()))),
     "experts_out_rw_short": _c("experts_out", lambda b: (
         _ops().experts_out, (b.a, b.w, b.w_up, b.w_down, b.rw[:NVS - 1], b.cu, b.x_out))),
+    # FP8 ops: 16-bit activations, e4m3fn weights with fp32 block scales
+    "gg8_a_fp32": _c("grouped_gemm_fp8", lambda b: _gg8(b, a=b.a.float())),
+    "gg8_w_bf16": _c("grouped_gemm_fp8", lambda b: _gg8(b, w=b.w.bfloat16())),
+    "gg8_w_e5m2": _c("grouped_gemm_fp8", lambda b: _gg8(b, w=_fp8(b).w.to(torch.float8_e5m2))),
+    "gg8_scale_shape": _c("grouped_gemm_fp8", lambda b: _gg8(b, w_scale=torch.ones(G, 1, 2, device=b.device))),
+    "gg8_scale_bf16": _c("grouped_gemm_fp8", lambda b: _gg8(b, w_scale=_fp8(b).w_s.bfloat16())),
+    "gg8_k_mismatch": _c("grouped_gemm_fp8", lambda b: _gg8(b, a=_fp8(b).x[:, :K - 1])),
+    "gg8_cu_short": _c("grouped_gemm_fp8", lambda b: _gg8(b, cu_seqlens=cu_tensor(b, [3, 6]))),
+    "gg8_scale_other_device": _c("grouped_gemm_fp8", lambda b: _gg8(b, w_scale=_other(b, _fp8(b).w_s)), False),
+    "gg8_w_k_strided": _cuda_only("grouped_gemm_fp8", lambda b: _gg8(
+        b, w=_fp8(b).w.transpose(1, 2).contiguous().transpose(1, 2))),
+    "gg8_scale_strided": _cuda_only("grouped_gemm_fp8", lambda b: _gg8(
+        b, w_scale=torch.ones(G, 1, 2, device=b.device)[:, :, :1])),
+    "gg8_api_no_scale": _c("grouped_gemm_fp8", lambda b: (moonep_ops.grouped_gemm, (_fp8(b).x, _fp8(b).w, b.cu))),
+    "gg8o_out_cols": _c("grouped_gemm_fp8_out", lambda b: _gg8_out(b, out=_fp8(b).x_out)),
+    "gg8o_out_fp32": _c("grouped_gemm_fp8_out", lambda b: _gg8_out(b, out=_fp8(b).out.float())),
+    "gg8o_out_other_device": _c("grouped_gemm_fp8_out", lambda b: _gg8_out(b, out=_other(b, _fp8(b).out)), False),
+    "e8_x_fp32": _c("experts_fp8", lambda b: _experts8(b, x=b.a)),
+    "e8_w_up_bf16": _c("experts_fp8", lambda b: _experts8(b, w_up=b.w_up.bfloat16())),
+    "e8_w_down_transposed": _c("experts_fp8", lambda b: _experts8(b, w_down=_fp8(b).w, w_down_scale=_fp8(b).w_s)),
+    "e8_w_up_scale_shape": _c("experts_fp8", lambda b: _experts8(b, w_up_scale=torch.ones(G, 2, 1, device=b.device))),
+    "e8_rw_short": _c("experts_fp8", lambda b: _experts8(b, route_weights=b.rw[:NVS - 1])),
+    "e8_w_down_other_device": _c("experts_fp8", lambda b: _experts8(b, w_down=_other(b, _fp8(b).w_down)), False),
+    "e8_w_down_k_strided": _cuda_only("experts_fp8", lambda b: _experts8(
+        b, w_down=_fp8(b).w_down.transpose(1, 2).contiguous().transpose(1, 2))),
+    "e8o_out_cols": _c("experts_fp8_out", lambda b: _experts8_out(b, out=_fp8(b).out)),
+    "e8o_rw_bf16": _c("experts_fp8_out", lambda b: _experts8_out(b, route_weights=b.rw.bfloat16())),
     # backward ops: grad [NvS, N]
     "dgrad_n_mismatch": _c("grouped_gemm_dgrad",
                            lambda b: (_ops().grouped_gemm_dgrad, (b.grad[:, :N - 1], b.w, b.cu))),
@@ -248,6 +315,10 @@ def value_calls(b, cu):
                                                (b.a, b.w, b.w_up, b.rw, cu)),
         "experts": (_ops().experts, (b.a, b.w, b.w_up, b.w_down, b.rw, cu)),
         "experts_out": (_ops().experts_out, (b.a, b.w, b.w_up, b.w_down, b.rw, cu, b.x_out)),
+        "grouped_gemm_fp8": _gg8(b, cu_seqlens=cu),
+        "grouped_gemm_fp8_out": _gg8_out(b, cu_seqlens=cu),
+        "experts_fp8": _experts8(b, cu_seqlens=cu),
+        "experts_fp8_out": _experts8_out(b, cu_seqlens=cu),
         "grouped_gemm_dgrad": (_ops().grouped_gemm_dgrad, (b.grad, b.w, cu)),
         "grouped_gemm_dual_dgrad": (_ops().grouped_gemm_dual_dgrad, (b.grad, b.grad, b.w, b.w_up, cu)),
         "grouped_gemm_wgrad": (_ops().grouped_gemm_wgrad, (b.grad, b.a, cu)),

@@ -6,6 +6,7 @@ import torch
 import moonep_ops
 from .layouts import Layout, experts_inputs, grouped_gemm_inputs, silu_mul_weight_inputs
 from .reference import TOLERANCE, experts_ref, grouped_gemm_ref, rel_err, silu_mul_weight_ref
+from .sync import sync_errors
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -167,3 +168,44 @@ def test_large_sizes_no_int32_overflow(case):
     assert float((got - ref).norm() / ref.norm()) <= 1e-2
     assert not torch.isnan(out).any()
     assert torch.count_nonzero(out[last:]) == 0
+
+
+# FP8 block-scaled experts: layouts with K and N multiples of 128 (the TMA path on sm90).
+FP8_LAYOUT_A = Layout("fp8_capture_a", (128, 0, 256, 0, 128, 0), NVS, k=256, n=384, padded_to=1)
+FP8_LAYOUT_B = Layout("fp8_capture_b", (0, 384, 0, 7, 0, 200), NVS, k=256, n=384, padded_to=1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="FP8 needs sm89+")
+@pytest.mark.parametrize("with_weights", [True, False])
+def test_experts_fp8_graph_replay_with_new_routing_and_no_sync(with_weights):
+    """Captured once, replayed with new segments, rows and route weights each step: matches the
+    eager call bitwise and the float64 reference; the tail is zero; no call syncs the host."""
+    from .layouts import fp8_experts_inputs
+    from .test_fp8 import CUDA_EXPERTS_TOLERANCE, ref_experts_fp8
+
+    def flat(inputs):  # (x, scaled weights..., cu, rw) -> the op's argument order
+        x, gate, up, down, cu, rw = inputs
+        return [x, *gate, *up, *down, rw, cu]
+
+    args = flat(fp8_experts_inputs(FP8_LAYOUT_A, torch.bfloat16, "cuda", with_weights=with_weights))
+    out = torch.empty_like(args[0])
+
+    def step(x, wg, sg, wu, su, wd, sd, rw, cu):
+        return moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out, w_gate_scale=sg, w_up_scale=su,
+                                         w_down_scale=sd)
+
+    step(*args)  # compiles the kernels
+    with sync_errors():
+        step(*args)  # a warm eager call syncs nothing
+    graph, _ = _capture(step, *args)
+    for layout in (FP8_LAYOUT_B, FP8_LAYOUT_A, FP8_LAYOUT_B):
+        new = flat(fp8_experts_inputs(layout, torch.bfloat16, "cuda", with_weights=with_weights))
+        _copy_into(args, new)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = torch.ops.moonep.experts_fp8(*new)
+        assert torch.equal(out, eager)
+        assert rel_err(out, ref_experts_fp8(*new)) <= CUDA_EXPERTS_TOLERANCE
+        assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))

@@ -17,7 +17,7 @@ import torch
 from moonep_ops.schemas import SCHEMAS
 
 from .conftest import DEVICES
-from .layouts import LAYOUTS, experts_inputs, grouped_gemm_inputs, silu_mul_weight_inputs
+from .layouts import LAYOUTS, experts_inputs, fp8_experts_inputs, grouped_gemm_inputs, silu_mul_weight_inputs
 
 # The checks opcheck runs by default; all of them must run and pass.
 DEFAULT_CHECKS = {"test_schema", "test_autograd_registration", "test_faketensor",
@@ -70,7 +70,7 @@ def _sample(case, layout, dtype, device):
 def test_every_op_has_cases():
     # The backward ops are opchecked, with grad-requiring inputs, in test_autograd.py.
     from .test_autograd import BACKWARD_OPS
-    covered = set(OP_CASES.values()) | set(BACKWARD_OPS)
+    covered = set(OP_CASES.values()) | set(FP8_OP_CASES.values()) | set(BACKWARD_OPS)
     assert covered >= set(SCHEMAS), f"no opcheck cases for {sorted(set(SCHEMAS) - covered)}"
 
 
@@ -82,6 +82,70 @@ def test_opcheck(layout, dtype, case, device):
     results = torch.library.opcheck(op, args)  # raises on the first failing check
     assert DEFAULT_CHECKS <= set(results), f"opcheck ran only {sorted(results)}"
     assert all(r == "SUCCESS" for r in results.values()), results
+
+
+# The FP8 ops: bf16/fp16 activations only, e4m3fn weights with their block scales; opcheck's
+# test_schema cannot compare float8 tensors, so _check_schema_bitwise checks the same.
+FP8_OP_CASES = {
+    "grouped_gemm_fp8": "grouped_gemm_fp8",
+    "grouped_gemm_fp8_out": "grouped_gemm_fp8_out",
+    "experts_fp8": "experts_fp8",
+    "experts_fp8_no_weights": "experts_fp8",
+    "experts_fp8_out": "experts_fp8_out",
+}
+FP8_CASES = [pytest.param(layout, torch.bfloat16, id=f"{layout.name}-bf16") for layout in LAYOUTS] + [
+    pytest.param(layout, torch.float16, id=f"{layout.name}-fp16")
+    for layout in LAYOUTS if layout.name == "moonep_padded"
+]
+
+
+def _fp8_sample(case, layout, dtype, device):
+    op = getattr(torch.ops.moonep, FP8_OP_CASES[case]).default
+    x, gate, up, down, cu, rw = fp8_experts_inputs(layout, dtype, device, with_weights=not case.endswith("_no_weights"))
+    if case.startswith("grouped_gemm"):
+        args = (x, *gate, cu)  # x [NvS, H] against w_gate [G, I, H]
+        if case.endswith("_out"):
+            args += (torch.full((layout.nvs, layout.n), float("nan"), dtype=dtype, device=device),)
+        return op, args
+    args = (x, *gate, *up, *down, rw, cu)
+    if case.endswith("_out"):
+        args += (torch.full_like(x, float("nan")),)
+    return op, args
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(torch.uint8).clone()
+
+
+def _check_schema_bitwise(op, args) -> None:
+    """What opcheck's test_schema checks, compared bitwise: its before/after comparison of the
+    inputs uses allclose, which has no float8 kernel. Only the arguments the schema marks as
+    written may change, and a returned tensor shares no memory with any argument."""
+    arguments = op._schema.arguments
+    written = {a.name for a in arguments if a.alias_info is not None and a.alias_info.is_write}
+    tensors = {a.name: t for a, t in zip(arguments, args) if isinstance(t, torch.Tensor)}
+    before = {name: _bytes(t) for name, t in tensors.items()}
+    result = op(*args)
+    for name, t in tensors.items():
+        unchanged = torch.equal(_bytes(t), before[name])
+        if name in written:
+            assert not unchanged or t.numel() == 0, f"{name} is marked written but was not"
+        else:
+            assert unchanged, f"{name} changed but the schema does not mark it written"
+    if isinstance(result, torch.Tensor) and result.numel():
+        assert not any(t.numel() and torch._C._overlaps(result, t) for t in tensors.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(FP8_OP_CASES))
+@pytest.mark.parametrize("layout,dtype", FP8_CASES)
+def test_opcheck_fp8(layout, dtype, case, device):
+    op, args = _fp8_sample(case, layout, dtype, device)
+    checks = sorted(DEFAULT_CHECKS - {"test_schema"})
+    results = torch.library.opcheck(op, args, test_utils=checks)
+    assert set(checks) <= set(results), f"opcheck ran only {sorted(results)}"
+    assert all(r == "SUCCESS" for r in results.values()), results
+    _check_schema_bitwise(op, args)
 
 
 def test_opcheck_catches_a_wrong_fake():
@@ -103,3 +167,23 @@ def test_opcheck_catches_a_wrong_fake():
     assert results["test_schema"] == "SUCCESS"
     assert results["test_faketensor"] != "SUCCESS"
     assert "stride" in str(results["test_faketensor"]).lower()
+
+
+def test_bitwise_schema_check_catches_an_undeclared_write():
+    """_check_schema_bitwise is only worth running if it notices a kernel that writes an input its
+    schema does not mark as written (here: the FP8 weight)."""
+    lib = torch.library.Library("moonep_schema_selftest", "FRAGMENT")
+    try:
+        lib.define("scale_in_place(Tensor a, Tensor w) -> Tensor")
+
+        def writes_w(a, w):
+            w.view(torch.uint8).add_(1)
+            return a.clone()
+
+        lib.impl("scale_in_place", writes_w, "CPU")
+        op = torch.ops.moonep_schema_selftest.scale_in_place.default
+        w = torch.randn(2, 3).to(torch.float8_e4m3fn)
+        with pytest.raises(AssertionError, match="w changed but the schema does not mark it written"):
+            _check_schema_bitwise(op, (torch.randn(2, 3), w))
+    finally:
+        lib._destroy()

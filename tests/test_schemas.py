@@ -32,6 +32,10 @@ grouped_gemm_silu_mul(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weight
 grouped_gemm_silu_mul_with_gate_up(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> (Tensor act, Tensor gate, Tensor up)
 experts(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
 experts_out(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? route_weights, Tensor cu_seqlens, Tensor(a!) out) -> ()
+grouped_gemm_fp8(Tensor a, Tensor w, Tensor w_scale, Tensor cu_seqlens) -> Tensor
+grouped_gemm_fp8_out(Tensor a, Tensor w, Tensor w_scale, Tensor cu_seqlens, Tensor(a!) out) -> ()
+experts_fp8(Tensor x, Tensor w_gate, Tensor w_gate_scale, Tensor w_up, Tensor w_up_scale, Tensor w_down, Tensor w_down_scale, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
+experts_fp8_out(Tensor x, Tensor w_gate, Tensor w_gate_scale, Tensor w_up, Tensor w_up_scale, Tensor w_down, Tensor w_down_scale, Tensor? route_weights, Tensor cu_seqlens, Tensor(a!) out) -> ()
 grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor
 grouped_gemm_dual_dgrad(Tensor grad_gate, Tensor grad_up, Tensor w_gate, Tensor w_up, Tensor cu_seqlens) -> Tensor
 grouped_gemm_wgrad(Tensor grad_out, Tensor a, Tensor cu_seqlens) -> Tensor
@@ -48,6 +52,10 @@ moonep::grouped_gemm_silu_mul(Tensor x, Tensor w_gate, Tensor w_up, Tensor? rout
 moonep::grouped_gemm_silu_mul_with_gate_up(Tensor x, Tensor w_gate, Tensor w_up, Tensor? route_weights, Tensor cu_seqlens) -> (Tensor act, Tensor gate, Tensor up)
 moonep::experts(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
 moonep::experts_out(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, Tensor? route_weights, Tensor cu_seqlens, Tensor(a!) out) -> ()
+moonep::grouped_gemm_fp8(Tensor a, Tensor w, Tensor w_scale, Tensor cu_seqlens) -> Tensor
+moonep::grouped_gemm_fp8_out(Tensor a, Tensor w, Tensor w_scale, Tensor cu_seqlens, Tensor(a!) out) -> ()
+moonep::experts_fp8(Tensor x, Tensor w_gate, Tensor w_gate_scale, Tensor w_up, Tensor w_up_scale, Tensor w_down, Tensor w_down_scale, Tensor? route_weights, Tensor cu_seqlens) -> Tensor
+moonep::experts_fp8_out(Tensor x, Tensor w_gate, Tensor w_gate_scale, Tensor w_up, Tensor w_up_scale, Tensor w_down, Tensor w_down_scale, Tensor? route_weights, Tensor cu_seqlens, Tensor(a!) out) -> ()
 moonep::grouped_gemm_dgrad(Tensor grad_out, Tensor w, Tensor cu_seqlens) -> Tensor
 moonep::grouped_gemm_dual_dgrad(Tensor grad_gate, Tensor grad_up, Tensor w_gate, Tensor w_up, Tensor cu_seqlens) -> Tensor
 moonep::grouped_gemm_wgrad(Tensor grad_out, Tensor a, Tensor cu_seqlens) -> Tensor
@@ -63,7 +71,7 @@ moonep::grouped_gemm_silu_mul_backward(Tensor grad, Tensor x, Tensor w_gate, Ten
         mutating = [name for name in SCHEMAS
                     if any(arg.alias_info is not None and arg.alias_info.is_write
                            for arg in op(name)._schema.arguments)]
-        self.assertExpectedInline(repr(mutating), """['grouped_gemm_out', 'experts_out']""")
+        self.assertExpectedInline(repr(mutating), """['grouped_gemm_out', 'experts_out', 'grouped_gemm_fp8_out', 'experts_fp8_out']""")
         for name in mutating:
             written = [arg.name for arg in op(name)._schema.arguments
                        if arg.alias_info is not None and arg.alias_info.is_write]

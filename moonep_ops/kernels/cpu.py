@@ -1,13 +1,16 @@
 """CPU kernels of every op, forward and backward: a per-segment loop over ``torch.mm``,
 accumulated in fp32 (fp64 for fp64). They are the reference the CUDA kernels are tested against.
+The FP8 ops follow moonep_ops/fp8.py exactly, in fp32 (one matmul per 128-wide K block).
 
 The CPU path may read ``cu_seqlens`` on the host, so it also validates its values.
 Rows at or past ``cu_seqlens[-1]`` are never read and come out as zeros.
 """
 
 import torch
+import torch.nn.functional as F
 
 from .. import checks
+from ..fp8 import BLOCK, quantize_rows
 from ..schemas import SCHEMAS, lib
 
 
@@ -122,6 +125,88 @@ def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None
 def _experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
     act = _grouped_gemm_silu_mul_unchecked(x, w_gate, w_up, route_weights, cu_seqlens)
     grouped_gemm_into(act, w_down, cu_seqlens, out)
+
+
+# FP8 block-scaled ops (semantics: moonep_ops/fp8.py) ------------------------------------------
+
+def _fp8_segment_gemm(q_a, s_a, w, w_scale) -> torch.Tensor:
+    """One segment's ``[m, N]`` fp32 result of the FP8 GEMM rule: per 128-wide K block, the sum
+    of the fp8 products (a matmul of the fp8 values cast to fp32), times the row scale and the
+    weight block's scale; then the blocks' sum, in fp32. ``q_a [m, K]`` e4m3fn, ``s_a [m, KB]``,
+    ``w [N, K]`` e4m3fn, ``w_scale [ceil(N/128), KB]``."""
+    m, k = q_a.shape
+    n = w.shape[0]
+    kb = s_a.shape[1]
+    pad = kb * BLOCK - k  # zeros in the partial last block add nothing
+    a_blocks = F.pad(q_a.float(), (0, pad)).reshape(m, kb, BLOCK).transpose(0, 1)  # [KB, m, 128]
+    w_blocks = F.pad(w.float(), (0, pad)).reshape(n, kb, BLOCK).permute(1, 2, 0)  # [KB, 128, N]
+    block_sums = torch.bmm(a_blocks, w_blocks)  # [KB, m, N]
+    w_scale_per_col = w_scale.repeat_interleave(BLOCK, 0)[:n].t()  # [KB, N]
+    return (block_sums * s_a.t()[:, :, None] * w_scale_per_col[:, None, :]).sum(0)
+
+
+def _fp8_gemm_into(q, s, w, w_scale, cu_seqlens, out) -> None:
+    """``out[seg_g]`` = the FP8 GEMM of the quantized live rows ``(q, s)`` with ``w[g]``, rounded
+    to out's dtype once; tail rows set to zero."""
+    end = 0
+    for g, start, end in segments(cu_seqlens):
+        out[start:end] = _fp8_segment_gemm(q[start:end], s[start:end], w[g], w_scale[g]).to(out.dtype)
+    out[end:].zero_()
+
+
+def _live_rows(cu_seqlens) -> int:
+    return int(cu_seqlens[-1])
+
+
+def grouped_gemm_fp8(a, w, w_scale, cu_seqlens):
+    _validate(checks.check_grouped_gemm_fp8, "grouped_gemm_fp8", cu_seqlens, a, w, w_scale, cu_seqlens)
+    out = torch.empty((a.shape[0], w.shape[1]), dtype=a.dtype, device=a.device)
+    _grouped_gemm_fp8_into(a, w, w_scale, cu_seqlens, out)
+    return out
+
+
+def grouped_gemm_fp8_out(a, w, w_scale, cu_seqlens, out) -> None:
+    _validate(checks.check_grouped_gemm_fp8_out, "grouped_gemm_fp8_out", cu_seqlens, a, w, w_scale, cu_seqlens, out)
+    checks.check_grouped_gemm_fp8_out_overlap("grouped_gemm_fp8_out", a, w, w_scale, cu_seqlens, out)
+    _grouped_gemm_fp8_into(a, w, w_scale, cu_seqlens, out)
+
+
+def _grouped_gemm_fp8_into(a, w, w_scale, cu_seqlens, out) -> None:
+    q, s = quantize_rows(a[:_live_rows(cu_seqlens)])
+    _fp8_gemm_into(q, s, w, w_scale, cu_seqlens, out)
+
+
+def experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens):
+    args = (x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens)
+    _validate(checks.check_experts_fp8, "experts_fp8", cu_seqlens, *args)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _experts_fp8_into(*args, out)
+    return out
+
+
+def experts_fp8_out(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
+                    out) -> None:
+    args = (x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens, out)
+    _validate(checks.check_experts_fp8_out, "experts_fp8_out", cu_seqlens, *args)
+    checks.check_experts_fp8_out_overlap("experts_fp8_out", *args)
+    _experts_fp8_into(*args)
+
+
+def _experts_fp8_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights,
+                      cu_seqlens, out) -> None:
+    # x is quantized (read in full) before out is written: out may be x itself.
+    q_x, s_x = quantize_rows(x[:_live_rows(cu_seqlens)])
+    act = torch.empty((q_x.shape[0], w_gate.shape[1]), dtype=torch.float32, device=x.device)
+    for g, start, end in segments(cu_seqlens):  # the segments tile the live rows
+        rows = (q_x[start:end], s_x[start:end])
+        gate = _fp8_segment_gemm(*rows, w_gate[g], w_gate_scale[g])
+        up = _fp8_segment_gemm(*rows, w_up[g], w_up_scale[g])
+        seg_act = F.silu(gate) * up
+        if route_weights is not None:
+            seg_act = seg_act * route_weights[start:end, None]
+        act[start:end] = seg_act
+    q_act, s_act = quantize_rows(act)
+    _fp8_gemm_into(q_act, s_act, w_down, w_down_scale, cu_seqlens, out)
 
 
 # Backward ops --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from ... import checks
 from ...schemas import SCHEMAS, lib
 from ..triton import configs
 from .experts import experts_into
+from .fp8 import experts_fp8, experts_fp8_out, grouped_gemm_fp8, grouped_gemm_fp8_out  # noqa: F401
 from .paths import (capability_of, choose_dgrad, choose_dual_dgrad, choose_fused, contiguous, hopper_tma, on_device,
                     run_fused, run_unfused)
 

@@ -1,0 +1,126 @@
+"""CUDA kernels of the FP8 block-scaled ops (:mod:`moonep_ops.fp8` gives the semantics).
+
+``experts_fp8`` is three launches of :mod:`..triton.grouped_gemm_fp8`: ``x``'s live rows quantized
+once, the fused gate/up GEMM, which writes ``act`` as e4m3 with per-row, per-128-column scales,
+then the down GEMM on that ``act``. e4m3 tensor-core MMAs exist from sm89 (Ada) on; sm90 reads
+the weights by TMA unless ``MOONEP_OPS_PORTABLE`` asks for the pointer path that sm89 runs.
+"""
+
+import functools
+
+import torch
+
+from ... import checks, flags
+from .paths import capability_of, contiguous, on_device
+
+
+def _validate(check, op_name: str, cu_seqlens, *args) -> None:
+    checks.checked(check, op_name, *args)
+    _check_capability(op_name, capability_of(args[0]))
+    checks.debug_checks(op_name, cu_seqlens, args[0].shape[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _check_capability(op_name: str, capability) -> None:
+    if capability < (8, 9):
+        raise RuntimeError(f"moonep::{op_name}: FP8 (e4m3) matrix multiply needs a GPU of compute capability "
+                           f"8.9 or newer; this one is {capability[0]}.{capability[1]}")
+
+
+def choose(a, w, fused: bool):
+    """(Fp8Config, use_tma) for ``a @ w[g].T``, measured on the benchmark shapes (H200): 64-row
+    tiles where segments average under 16 rows (unpadded decode), with two programs per SM for
+    the down GEMM; else 128-row tiles on two warpgroups. 128 columns: one weight-scale block."""
+    from ..triton.grouped_gemm_fp8 import Fp8Config, tma_weights
+
+    if a.shape[0] < 16 * w.shape[0]:
+        cfg = Fp8Config(64, 128, 4, 4) if fused else Fp8Config(64, 128, 4, 3, programs_per_sm=2)
+    else:
+        cfg = Fp8Config(128, 128, 8, 3) if fused else Fp8Config(128, 128, 8, 4)
+    cap = capability_of(a)
+    return cfg, cap >= (9, 0) and not flags.portable_only() and tma_weights(w)
+
+
+def _quantized_rows(x, cu):
+    """e4m3 rows of ``x`` and their scales (live rows only; the tail stays unwritten and unread)."""
+    from ..triton.grouped_gemm_fp8 import quantize_rows
+
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((x.shape[0], -(-x.shape[1] // 128)), dtype=torch.float32, device=x.device)
+    quantize_rows(x, cu, q, scale)
+    return q, scale
+
+
+def gemm_into(a, w, w_scale, cu_seqlens, out) -> None:
+    from ..triton import grouped_gemm_fp8
+
+    cu = contiguous(cu_seqlens)
+    a_q, a_scale = _quantized_rows(a, cu)
+    grouped_gemm_fp8.run(a_q, a_scale, w, contiguous(w_scale), None, None, None, cu, out, None, choose)
+
+
+def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
+                 out) -> None:
+    from ..triton import grouped_gemm_fp8
+
+    cu = contiguous(cu_seqlens)
+    num_rows, inter = x.shape[0], w_gate.shape[1]
+    if inter == 0:  # no act: every output row is an empty sum
+        out.zero_()
+        return
+    x_q, x_scale = _quantized_rows(x, cu)
+    act = torch.empty((num_rows, inter), dtype=torch.float8_e4m3fn, device=x.device)
+    act_scale = torch.empty((num_rows, -(-inter // 128)), dtype=torch.float32, device=x.device)
+    # act's tail rows are never written: the down GEMM never reads rows past cu_seqlens[-1].
+    grouped_gemm_fp8.run(x_q, x_scale, w_gate, contiguous(w_gate_scale), w_up, contiguous(w_up_scale),
+                         contiguous(route_weights), cu, act, act_scale, choose, zero_tail=False)
+    grouped_gemm_fp8.run(act, act_scale, w_down, contiguous(w_down_scale), None, None, None, cu, out, None, choose)
+
+
+def _empty(shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def grouped_gemm_fp8(a, w, w_scale, cu_seqlens):
+    _validate(checks.check_grouped_gemm_fp8, "grouped_gemm_fp8", cu_seqlens, a, w, w_scale, cu_seqlens)
+    out = _empty((a.shape[0], w.shape[1]), a)
+    with on_device(a):
+        _gemm_or_zeros(a, w, w_scale, cu_seqlens, out)
+    return out
+
+
+def grouped_gemm_fp8_out(a, w, w_scale, cu_seqlens, out) -> None:
+    _validate(checks.check_grouped_gemm_fp8_out, "grouped_gemm_fp8_out", cu_seqlens, a, w, w_scale, cu_seqlens, out)
+    checks.check_grouped_gemm_fp8_out_overlap("grouped_gemm_fp8_out", a, w, w_scale, cu_seqlens, out)
+    with on_device(a):
+        _gemm_or_zeros(a, w, w_scale, cu_seqlens, out)
+
+
+def _gemm_or_zeros(a, w, w_scale, cu_seqlens, out) -> None:
+    if a.shape[1] == 0:  # K = 0: every row is an empty sum
+        out.zero_()
+    else:
+        gemm_into(a, w, w_scale, cu_seqlens, out)
+
+
+def experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens):
+    args = (x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens)
+    _validate(checks.check_experts_fp8, "experts_fp8", cu_seqlens, *args)
+    out = _empty(x.shape, x)
+    with on_device(x):
+        _experts_or_zeros(*args, out)
+    return out
+
+
+def experts_fp8_out(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
+                    out) -> None:
+    args = (x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens)
+    _validate(checks.check_experts_fp8_out, "experts_fp8_out", cu_seqlens, *args, out)
+    checks.check_experts_fp8_out_overlap("experts_fp8_out", *args, out)
+    with on_device(x):
+        _experts_or_zeros(*args, out)
+
+
+def _experts_or_zeros(*args) -> None:
+    if args[-1].numel():  # (H = 0 or NvS = 0: nothing to write)
+        experts_into(*args)

@@ -1,0 +1,289 @@
+"""The FP8 block-scaled grouped GEMM (sm89+): the kernel of the ``*_fp8`` ops.
+
+Semantics (:mod:`moonep_ops.fp8`): weights are e4m3 with one fp32 scale per 128 x 128 block;
+the rows of ``a`` are quantized per row and per 128 columns (``s = amax / 448``). ``BLOCK_K`` is
+the scale block, so each K step is one e4m3 ``tl.dot`` whose fp32 result is scaled by the row
+scales times the weight block's scale and added to the fp32 accumulator.
+
+- :func:`quantize_rows_kernel` quantizes the live rows of ``x`` once (``[NvS, K]`` e4m3 and
+  ``[NvS, cdiv(K, 128)]`` scales); the tail rows are neither read nor written.
+- :func:`grouped_gemm_fp8_kernel` multiplies e4m3 rows by e4m3 weights: ``out = a @ w[g].T`` in
+  ``out``'s dtype, or (``FUSED``) gate and up from one ``a`` tile, whose epilogue computes
+  ``silu(gate) * up * rw`` in fp32 and quantizes it per row over the tile's 128 columns (one
+  scale group: ``BLOCK_N = 128``), writing e4m3 ``act`` and its scales for the down GEMM.
+
+Schedule and safety as :mod:`.grouped_gemm` (whose schedule helpers this kernel shares): a
+persistent grid walks (row tile, column tile) items located by a device-side scan of
+``cu_seqlens``; stores are masked to the tile's segment and the tail rows of ``out`` get zeros
+(``ZERO_TAIL``). Operands come by TMA (``USE_TMA``, sm90) or masked pointer loads (sm89, any
+strides); a scale is 0 for a row outside the segment, so only rows that are never stored can
+see another segment's (or the tail's) values.
+"""
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ...cache import layout_signature
+from .. import launch as direct
+from .grouped_gemm import (_register_schedule, _work_item, _zero_tail_item, locate_tile, num_row_tiles, num_sms,
+                           store_tile, SMALL_G_MAX, BLOCK_G)
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Config:
+    block_m: int
+    block_n: int  # divides 128 (one weight-scale row per tile); 128 for the fused GEMM (its act's scale group)
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 1
+
+
+@triton.jit
+def quantize_rows_tile(x):
+    """``x`` fp32 ``[BLOCK_M, 128]`` -> (e4m3 tile, fp32 row scales): per row ``s = amax / 448``
+    and ``q = e4m3(x * r)`` with ``r = min(448 / amax, FLT_MAX)`` (0 for a row of zeros), IEEE
+    divisions per row as in :func:`moonep_ops.fp8.quantize_rows`, one multiply per element."""
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    recip = tl.math.div_rn(tl.full(amax.shape, 448.0, tl.float32), tl.where(amax > 0, amax, 1.0))
+    recip = tl.where(amax > 0, tl.minimum(recip, 3.4028234663852886e38), 0.0)
+    return (x * recip[:, None]).to(tl.float8e4nv), scale
+
+
+@triton.jit
+def _load_a_block(a_ptr, a_desc, as_ptr, row_lo, rows, row_mask, kb, K, stride_am, stride_ak, stride_asm,
+                  USE_TMA: tl.constexpr):
+    """K block ``kb`` of ``a``'s e4m3 rows and their scales (0 outside the segment). TMA reads the
+    rows past the segment too: GEMM rows are independent and those rows are never stored."""
+    scale = tl.load(as_ptr + rows.to(tl.int64) * stride_asm + kb, mask=row_mask, other=0.0)
+    if USE_TMA:
+        return a_desc.load([row_lo, kb * 128]), scale
+    offs_k = kb * 128 + tl.arange(0, 128)
+    ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :].to(tl.int64) * stride_ak
+    return tl.load(ptrs, mask=row_mask[:, None] & (offs_k < K)[None, :], other=0.0), scale
+
+
+@triton.jit
+def _load_w_block(w_ptr, w_desc, g, col0, cols, col_mask, kb, N, K, stride_wg, stride_wn, stride_wk,
+                  USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr):
+    """K block ``kb`` of ``w[g]``'s rows ``cols`` (from ``col0``) as a ``[128, BLOCK_N]`` e4m3 tile."""
+    if USE_TMA:
+        return w_desc.load([g * N + col0, kb * 128]).T  # ``[G*N, K]`` rows; columns past N are never stored
+    offs_k = kb * 128 + tl.arange(0, 128)
+    ptrs = (w_ptr + g.to(tl.int64) * stride_wg + cols[None, :].to(tl.int64) * stride_wn
+            + offs_k[:, None].to(tl.int64) * stride_wk)
+    return tl.load(ptrs, mask=(offs_k < K)[:, None] & col_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _mainloop(a_view, w_view, w_up_view, tile, NUM_ROWS, N, K, FUSED: tl.constexpr,
+              USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The scaled accumulators of ``a @ w[g].T`` (and of ``a @ w_up[g].T``, FUSED) for ``tile``.
+    Views: ``a``: (ptr, scales ptr, row stride, K stride, scales row stride); weights: (ptr,
+    descriptor, scales ptr, group/row/K strides, scale group/row strides)."""
+    a_ptr, a_desc, as_ptr, stride_am, stride_ak, stride_asm = a_view
+    w_ptr, w_desc, ws_ptr, stride_wg, stride_wn, stride_wk, stride_wsg, stride_wsn = w_view
+    u_ptr, u_desc, us_ptr, stride_ug, stride_un, stride_uk, stride_usg, stride_usn = w_up_view
+    g, row_lo, seg_end, pid_n = tile
+    rows = row_lo + tl.arange(0, BLOCK_M)
+    row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    n_block = (pid_n * BLOCK_N) // 128  # BLOCK_N divides 128: one weight-scale row per tile
+    g64 = g.to(tl.int64)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, 128)):
+        a, a_scale = _load_a_block(a_ptr, a_desc, as_ptr, row_lo, rows, row_mask, kb, K, stride_am, stride_ak, stride_asm,
+                                   USE_TMA)
+        w = _load_w_block(w_ptr, w_desc, g, pid_n * BLOCK_N, cols, col_mask, kb, N, K, stride_wg, stride_wn, stride_wk,
+                          USE_TMA, BLOCK_N)
+        # (one multiply of the partial product: a scale per row times the tile's block scale)
+        acc += tl.dot(a, w) * (a_scale * tl.load(ws_ptr + g64 * stride_wsg + n_block * stride_wsn + kb))[:, None]
+        if FUSED:
+            u = _load_w_block(u_ptr, u_desc, g, pid_n * BLOCK_N, cols, col_mask, kb, N, K, stride_ug, stride_un, stride_uk,
+                              USE_TMA, BLOCK_N)
+            u_scale = tl.load(us_ptr + g64 * stride_usg + n_block * stride_usn + kb)
+            acc_up += tl.dot(a, u) * (a_scale * u_scale)[:, None]
+    return acc, acc_up
+
+
+@triton.jit
+def _epilogue(acc, acc_up, tile, out_ptr, out_scale_ptr, rw_ptr, NUM_ROWS, N, stride_om, stride_on, stride_osm,
+              FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """FUSED: ``act = silu(gate) * up * rw`` quantized to e4m3 with its row scales (column block
+    ``pid_n``); else ``acc`` rounded to ``out``'s dtype. Stores are masked to the segment."""
+    _, row_lo, seg_end, pid_n = tile
+    rows = row_lo + tl.arange(0, BLOCK_M)
+    row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if FUSED:
+        act = acc * tl.sigmoid(acc) * acc_up  # columns past N: silu(0) * 0 = 0
+        if HAS_WEIGHTS:
+            act = act * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        q, scale = quantize_rows_tile(act)
+        store_tile(out_ptr, q, rows, cols, row_mask, col_mask, stride_om, stride_on)
+        tl.store(out_scale_ptr + rows.to(tl.int64) * stride_osm + pid_n, scale, mask=row_mask)
+    else:
+        store_tile(out_ptr, acc.to(out_ptr.dtype.element_ty), rows, cols, row_mask, col_mask, stride_om, stride_on)
+
+
+@triton.jit
+def grouped_gemm_fp8_kernel(
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_up_ptr, w_up_scale_ptr, rw_ptr, out_ptr, out_scale_ptr, cu_ptr,
+    a_desc, w_desc, w_up_desc,
+    G, NUM_ROWS, N, K,
+    stride_am, stride_ak, stride_asm,
+    stride_wg, stride_wn, stride_wk, stride_wsg, stride_wsn,
+    stride_ug, stride_un, stride_uk, stride_usg, stride_usn,
+    stride_om, stride_on, stride_osm,
+    FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr,
+    ZERO_TAIL: tl.constexpr,
+):
+    if SMALL_G:
+        sched, real_tiles = _register_schedule(cu_ptr, G, BLOCK_M, BLOCK_G)
+    else:
+        sched = None
+        _, _, _, real_tiles = locate_tile(cu_ptr, G, -1, BLOCK_M, BLOCK_G)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    real_items = real_tiles * n_tiles
+    pid = tl.program_id(0)
+    num_progs = tl.num_programs(0)
+    a_view = (a_ptr, a_desc, a_scale_ptr, stride_am, stride_ak, stride_asm)
+    w_view = (w_ptr, w_desc, w_scale_ptr, stride_wg, stride_wn, stride_wk, stride_wsg, stride_wsn)
+    u_view = (w_up_ptr, w_up_desc, w_up_scale_ptr, stride_ug, stride_un, stride_uk, stride_usg, stride_usn)
+    for item in tl.range(pid, real_items, num_progs):
+        tile = _work_item(item, n_tiles, cu_ptr, G, sched, BLOCK_M, BLOCK_G, SMALL_G, False)
+        acc, acc_up = _mainloop(a_view, w_view, u_view, tile, NUM_ROWS, N, K, FUSED, USE_TMA,
+                                BLOCK_M, BLOCK_N)
+        _epilogue(acc, acc_up, tile, out_ptr, out_scale_ptr, rw_ptr, NUM_ROWS, N, stride_om, stride_on,
+                  stride_osm, FUSED, HAS_WEIGHTS, BLOCK_M, BLOCK_N)
+    if ZERO_TAIL:  # rows [cu[-1], NvS) of out get zeros, items numbered after the real ones
+        live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
+        tail_items = tl.cdiv(NUM_ROWS - live_end, BLOCK_M) * n_tiles
+        first = (pid - real_items % num_progs + num_progs) % num_progs
+        for j in range(first, tail_items, num_progs):
+            _zero_tail_item((out_ptr, out_ptr, out_ptr), (stride_om, stride_on), cu_ptr, G, NUM_ROWS, N, j, n_tiles,
+                            BLOCK_M, BLOCK_N, False)
+
+
+@triton.jit
+def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cu_ptr, G, NUM_ROWS, K, stride_xm, stride_xk, stride_qm, stride_sm,
+                         BLOCK_R: tl.constexpr):
+    """e4m3 rows of ``x`` and their scales, per 128 columns, for rows below ``cu_seqlens[-1]``
+    only (the tail is neither read nor written). Program (row block, column block)."""
+    live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    if tl.program_id(0) * BLOCK_R < live_end:
+        kb = tl.program_id(1)
+        cols = kb * 128 + tl.arange(0, 128)
+        row_mask = rows < live_end
+        mask = row_mask[:, None] & (cols < K)[None, :]
+        rows64 = rows[:, None].to(tl.int64)
+        x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :].to(tl.int64) * stride_xk, mask=mask, other=0.0)
+        q, scale = quantize_rows_tile(x.to(tl.float32))
+        tl.store(q_ptr + rows64 * stride_qm + cols[None, :], q, mask=mask)
+        tl.store(s_ptr + rows.to(tl.int64) * stride_sm + kb, scale, mask=row_mask)
+
+
+def quantize_rows(x, cu_seqlens, q, scale) -> None:
+    """``q`` (e4m3, contiguous ``[NvS, K]``) and ``scale`` (fp32 ``[NvS, cdiv(K, 128)]``) from the
+    live rows of ``x``."""
+    num_rows, k = x.shape
+    if num_rows == 0 or k == 0:
+        return
+    block_r = 32
+    grid = (triton.cdiv(num_rows, block_r), triton.cdiv(k, 128))
+    quantize_rows_kernel[grid](x, q, scale, cu_seqlens, cu_seqlens.shape[0], num_rows, k, x.stride(0), x.stride(1),
+                               q.stride(0), scale.stride(0), BLOCK_R=block_r, num_warps=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a launch needs that depends on static metadata only."""
+    grid: tuple
+    ints: tuple  # G, NvS, N, K and the strides, in kernel order
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    geos: tuple  # (shape, strides, block) of the TMA views of a, w, w_up, or None
+
+    def args(self, a, a_scale, w, w_scale, w_up, w_up_scale, rw, out, out_scale, cu,
+             descriptor=direct.tensor_descriptor):
+        descs = [None if geo is None else descriptor(t, *geo) for t, geo in zip((a, w, w_up), self.geos)]
+        return [a, a_scale, w, w_scale, w_up, w_up_scale, rw, out, out_scale, cu, *descs, *self.ints]
+
+
+def tma_weights(w: torch.Tensor) -> bool:
+    """TMA reads ``w [G, N, K]`` as one ``[G*N, K]`` matrix: K contiguous, groups back to back,
+    16-byte aligned rows, no empty extent."""
+    return (w.numel() > 0 and w.stride(2) == 1 and w.stride(0) == w.shape[1] * w.stride(1)
+            and w.stride(1) % 16 == 0 and w.data_ptr() % 16 == 0)
+
+
+def make_plan(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, out, out_scale, cfg: Fp8Config,
+              use_tma: bool, zero_tail: bool) -> Plan:
+    num_rows, k = a.shape
+    g, n, _ = w.shape
+    fused = w_up is not None
+    if 128 % cfg.block_n or (fused and cfg.block_n != 128):
+        raise ValueError("Fp8Config: BLOCK_N divides 128 (the weight-scale block) and is 128 for the fused GEMM "
+                         "(its activation's scale group)")
+    u, us = (w, w_scale) if w_up is None else (w_up, w_up_scale)
+    o_s = out if out_scale is None else out_scale
+    items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    small_g = g <= SMALL_G_MAX
+    use_tma = use_tma and a.stride(1) == 1 and a.stride(0) % 16 == 0 and a.data_ptr() % 16 == 0
+    w_geo = ([g * n, k], [w.stride(1), 1], [cfg.block_n, 128])
+    return Plan(
+        grid=(max(1, min(items_bound, num_sms(device) * cfg.programs_per_sm)),),
+        ints=(g, num_rows, n, k, a.stride(0), a.stride(1), a_scale.stride(0),
+              w.stride(0), w.stride(1), w.stride(2), w_scale.stride(0), w_scale.stride(1),
+              u.stride(0), u.stride(1), u.stride(2), us.stride(0), us.stride(1),
+              out.stride(0), out.stride(1), o_s.stride(0)),
+        constexprs=dict(FUSED=fused, HAS_WEIGHTS=route_weights is not None,
+                        USE_TMA=use_tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                        BLOCK_G=max(16, triton.next_power_of_2(g)) if small_g else BLOCK_G, SMALL_G=small_g,
+                        ZERO_TAIL=zero_tail),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        geos=(([num_rows, k], [a.stride(0), 1], [cfg.block_m, 128]), w_geo, w_geo) if use_tma else (None,) * 3,
+    )
+
+
+_PLANS: dict = {}
+
+
+def run(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu_seqlens, out, out_scale, choose, *,
+        zero_tail: bool = True) -> None:
+    """One GEMM launch on e4m3 rows ``a`` with their ``a_scale``. ``w_up`` given: the fused GEMM,
+    writing e4m3 ``out`` and its scales ``out_scale`` (``[NvS, cdiv(N, 128)]`` fp32). ``choose(a,
+    w, fused) -> (Fp8Config, use_tma)`` runs once per static signature."""
+    if a.shape[0] == 0 or w.shape[1] == 0:
+        return
+    fused = w_up is not None
+    u, us = (w_up, w_up_scale) if fused else (w, w_scale)
+    operands = (a, a_scale, w, w_scale, u, us, a if route_weights is None else route_weights, out,
+                out if out_scale is None else out_scale, cu_seqlens)
+    # (the operands' first tensor is e4m3 for every call: out's dtype specializes the kernel too)
+    key = (layout_signature(*operands), out.dtype, choose, zero_tail, fused, route_weights is None)
+    entry = _PLANS.get(key)
+    if entry is None:
+        plan = make_plan(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, out, out_scale,
+                         *choose(a, w, fused), zero_tail)
+        args = plan.args(*operands, descriptor=TensorDescriptor)  # checked descriptors, first launch only
+        kernel = grouped_gemm_fp8_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
+                                                    num_stages=plan.num_stages)
+        if direct.ENABLED and hasattr(kernel, "run"):
+            _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
+        return
+    plan, kernel, constexpr_values = entry
+    direct.launch_compiled(kernel, plan.grid, plan.args(*operands) + constexpr_values)
