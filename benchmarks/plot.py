@@ -17,7 +17,7 @@ def main(argv=None):
 
     data = json.load(open(src))
     rows = data["rows"]
-    paths = [k for k in rows[0] if isinstance(rows[0][k], dict) and "us" in rows[0][k]]
+    paths = [k for k in rows[0] if k != "limit" and isinstance(rows[0][k], dict) and "us" in rows[0][k]]
     labels = [f"{r['shape']}\npad={r['token_padding']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(10, 1.3 * len(rows)), 5))
     width = 0.8 / (len(paths) + 1)

@@ -1,17 +1,25 @@
-"""The README's performance table, written from the benchmark's JSON (``benchmarks.run --out``).
+"""The generated figures of the docs, written from the benchmarks' JSON: never typed by hand.
 
-Renders, for the rows of one segment padding (default 128, the README protocol): a line naming
-the GPU, the torch and triton versions, the date and the timing protocol of the run; a markdown
-table (shape, NvS, rows in segments, floor µs, vLLM 0.33 µs (eff), moonep µs (eff), speedup);
-and the geometric-mean speedup of ``moonep`` over ``vllm``. It replaces the lines between
-``<!-- perf-table:begin -->`` and ``<!-- perf-table:end -->`` in the README and nothing else,
-so the figures there are never typed by hand. No GPU and no torch needed.
+The README's performance table (default), from ``benchmarks.run --out``: for the rows of one segment
+padding (default 128, the README protocol) a line naming the GPU, the torch and triton versions, the
+date and the timing protocol of the run; a markdown table (shape, NvS, rows in segments, floor µs,
+limit µs, vLLM 0.33 µs (eff), moonep µs (eff), moonep's efficiency against the limit, speedup); the
+geometric-mean speedup of ``moonep`` over ``vllm`` and the range of moonep's efficiencies. Floor: the
+nominal one (757 TFLOP/s, 4.2 TB/s); limit: measured in the same run (:mod:`benchmarks.limit`); a run
+that did not measure it shows "–" there. It replaces the lines between ``<!-- perf-table:begin -->``
+and ``<!-- perf-table:end -->`` in the README and nothing else.
+
+With ``--sweep``, the layout sweep's summary (``benchmarks.sweep --out``, rendered by
+:mod:`benchmarks.sweep_summary`) between ``<!-- sweep-summary:begin -->`` and
+``<!-- sweep-summary:end -->`` in docs/performance.md. No GPU and no torch needed.
 
     python -m benchmarks.report [--results benchmarks/results/bench_h200.json] [--readme README.md]
     python -m benchmarks.report --check    # exit 1 if the README's table is not what the JSON gives
     python -m benchmarks.report --stdout   # print the table only (scripts/gpu_check.sh's bench step)
+    python -m benchmarks.report --sweep [--results benchmarks/results/sweep_h200.json]
+                                [--readme docs/performance.md] [--check | --stdout]
 
-Exits 1, printing the table, if the README has no such pair of markers.
+Exits 1, printing the text, if the file has no such pair of markers.
 """
 
 import argparse
@@ -20,14 +28,25 @@ import math
 import pathlib
 import sys
 
+from . import sweep_summary
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BEGIN = "<!-- perf-table:begin -->"
 END = "<!-- perf-table:end -->"
+SWEEP_BEGIN = "<!-- sweep-summary:begin -->"
+SWEEP_END = "<!-- sweep-summary:end -->"
 BASE, OURS = "vllm", "moonep"  # the paths of benchmarks/paths.py the table compares
 
 
 def _cell(path: dict) -> str:
     return f"{path['us']:.0f} ({path['eff']:.2f})" if "us" in path else "error"
+
+
+def _limit_cells(row: dict, ours: dict) -> tuple[str, str]:
+    """The limit µs and moonep's efficiency against it; "–" where the run did not measure one."""
+    if "limit" not in row:
+        return "–", "–"
+    return f"{row['limit']['us']:.0f}", f"{ours['eff_limit']:.2f}" if "eff_limit" in ours else "–"
 
 
 def render(result: dict, padding: int = 128) -> str:
@@ -36,13 +55,14 @@ def render(result: dict, padding: int = 128) -> str:
     if not rows:
         raise ValueError(f"no rows with token_padding={padding} in the results")
     env = result["env"]
-    settle = f", each path first replayed for {env['settle_s']:g} s" if env.get("settle_s") else ""
+    settle = f", each path and the limit first replayed for {env['settle_s']:g} s" if env.get("settle_s") else ""
     lines = [f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date'].split()[0]}; bf16; "
              f"median of {env.get('reps', '?')} CUDA-graph replays{settle}; segments padded to {padding} rows.",
              "",
-             "| shape | NvS | rows in segments | floor µs | vLLM 0.33 µs (eff) | moonep µs (eff) | speedup |",
-             "|---|---|---|---|---|---|---|"]
-    speedups, effs = [], []
+             "| shape | NvS | rows in segments | floor µs | limit µs | vLLM 0.33 µs (eff) | moonep µs (eff) "
+             "| moonep vs limit | speedup |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    speedups, effs, limit_effs = [], [], []
     for r in rows:
         base, ours = r.get(BASE, {}), r.get(OURS, {})
         speedup = "–"
@@ -51,66 +71,92 @@ def render(result: dict, padding: int = 128) -> str:
             speedup = f"{speedups[-1]:.2f}×"
         if "us" in ours:
             effs.append(ours["eff"])
-        lines.append(f"| {r['shape']} | {r['nvs']} | {r['rows']} | {r['floor_us']:.0f} | {_cell(base)} "
-                     f"| {_cell(ours)} | {speedup} |")
-    lines.append("")
-    if speedups:
-        geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
-        lines.append(f"Geometric-mean speedup {geomean:.2f}× ({min(speedups):.2f}–{max(speedups):.2f}×); "
-                     f"efficiency (floor / time) of moonep {min(effs):.2f}–{max(effs):.2f}.")
-    else:
-        lines.append("No shape ran on both paths.")
+            if "eff_limit" in ours:
+                limit_effs.append(ours["eff_limit"])
+        limit, vs_limit = _limit_cells(r, ours)
+        lines.append(f"| {r['shape']} | {r['nvs']} | {r['rows']} | {r['floor_us']:.0f} | {limit} | {_cell(base)} "
+                     f"| {_cell(ours)} | {vs_limit} | {speedup} |")
+    lines += ["", _summary_line(speedups, effs, limit_effs)]
     return "\n".join(lines) + "\n"
 
 
-def _region(lines: list[str]) -> tuple[int, int]:
+def _summary_line(speedups: list, effs: list, limit_effs: list) -> str:
+    """The geometric-mean speedup and the ranges of moonep's efficiencies."""
+    if not speedups:
+        return "No shape ran on both paths."
+    geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
+    against_limit = (f", against the measured limit {min(limit_effs):.2f}–{max(limit_effs):.2f}"
+                     if limit_effs else "")
+    return (f"Geometric-mean speedup {geomean:.2f}× ({min(speedups):.2f}–{max(speedups):.2f}×); "
+            f"efficiency of moonep against the floor {min(effs):.2f}–{max(effs):.2f}{against_limit}.")
+
+
+def _region(lines: list[str], begin: str, end: str) -> tuple[int, int]:
     """Indices of the begin and end marker lines; ValueError unless each appears once, in order."""
-    begins = [i for i, line in enumerate(lines) if line.strip() == BEGIN]
-    ends = [i for i, line in enumerate(lines) if line.strip() == END]
+    begins = [i for i, line in enumerate(lines) if line.strip() == begin]
+    ends = [i for i, line in enumerate(lines) if line.strip() == end]
     if len(begins) != 1 or len(ends) != 1 or begins[0] > ends[0]:
-        raise ValueError(f"expected one line {BEGIN!r} followed by one line {END!r} "
+        raise ValueError(f"expected one line {begin!r} followed by one line {end!r} "
                          f"(found {len(begins)} and {len(ends)})")
     return begins[0], ends[0]
 
 
-def replace_region(text: str, table: str) -> str:
+def replace_region(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
     """``text`` with the lines between the markers replaced by ``table`` (set off by blank lines)."""
     lines = text.splitlines(keepends=True)
-    begin, end = _region(lines)
-    return "".join(lines[:begin + 1]) + "\n" + table + "\n" + "".join(lines[end:])
+    first, last = _region(lines, begin, end)
+    return "".join(lines[:first + 1]) + "\n" + table + "\n" + "".join(lines[last:])
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "bench_h200.json"))
-    parser.add_argument("--readme", default=str(ROOT / "README.md"))
+    parser.add_argument("--sweep", action="store_true",
+                        help="the layout sweep's summary into docs/performance.md instead of the README table")
+    parser.add_argument("--results", default=None,
+                        help="the JSON (default benchmarks/results/bench_h200.json, or sweep_h200.json)")
+    parser.add_argument("--readme", "--doc", dest="readme", default=None,
+                        help="the file to write (default README.md, or docs/performance.md with --sweep)")
     parser.add_argument("--padding", type=int, default=128, help="the token_padding whose rows the table shows")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="exit 1 if the README's table differs; write nothing")
-    mode.add_argument("--stdout", action="store_true", help="print the table; leave the README alone")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the file's text differs; write nothing")
+    mode.add_argument("--stdout", action="store_true", help="print the text; leave the file alone")
     args = parser.parse_args(argv)
-    table = render(json.loads(pathlib.Path(args.results).read_text()), args.padding)
+    results = pathlib.Path(args.results or ROOT / "benchmarks" / "results" /
+                           ("sweep_h200.json" if args.sweep else "bench_h200.json"))
+    target = pathlib.Path(args.readme or ROOT / ("docs/performance.md" if args.sweep else "README.md"))
+    if not results.is_file():
+        print(f"benchmarks.report: no results at {results}", file=sys.stderr)
+        return 1
+    result = json.loads(results.read_text())
+    if args.sweep:
+        table, begin, end = sweep_summary.render(result), SWEEP_BEGIN, SWEEP_END
+    else:
+        table, begin, end = render(result, args.padding), BEGIN, END
     if args.stdout:
         print(table, end="")
         return 0
-    readme = pathlib.Path(args.readme)
-    text = readme.read_text()
+    return _write(target, table, begin, end, results, args.check)
+
+
+def _write(target: pathlib.Path, table: str, begin: str, end: str, results, check: bool) -> int:
+    """Puts ``table`` between the markers of ``target`` (with ``check``: only compares); 0 or 1."""
+    text = target.read_text()
     try:
-        new = replace_region(text, table)
+        new = replace_region(text, table, begin, end)
     except ValueError as exc:
         print(table, end="")
-        print(f"benchmarks.report: {readme}: {exc}; add the two marker lines where the table goes "
-              f"(the table is printed above)", file=sys.stderr)
+        print(f"benchmarks.report: {target}: {exc}; add the two marker lines where the text goes "
+              f"(the text is printed above)", file=sys.stderr)
         return 1
-    if args.check:
+    if check:
         if new != text:
-            print(f"benchmarks.report: the table in {readme} is not what {args.results} gives; "
-                  f"run python -m benchmarks.report", file=sys.stderr)
+            print(f"benchmarks.report: the text in {target} is not what {results} gives; "
+                  f"run python -m benchmarks.report{' --sweep' if begin == SWEEP_BEGIN else ''}", file=sys.stderr)
             return 1
         return 0
     if new != text:
-        readme.write_text(new)
-        print(f"benchmarks.report: wrote the table of {args.results} into {readme}")
+        target.write_text(new)
+        print(f"benchmarks.report: wrote the text of {results} into {target}")
     return 0
 
 

@@ -5,12 +5,15 @@ from this script's JSON). For each shape and each segment padding, every path ru
 output compared with the first path's on the live rows, its tail rows checked for zeros), then
 is timed: median of ``--reps`` CUDA-graph replays after warm-up (:mod:`benchmarks.timing`).
 Floor = max(FLOPs / 757 TFLOP/s, bytes / 4.2 TB/s), the H200 ceilings of shared/BASELINE.md;
-efficiency = floor / time. The run also measures and records this GPU's own ceilings (a dense
-bf16 matmul and a 4 GiB copy) and each path's eager host cost per call on a tiny problem.
+efficiency = floor / time. Limit = this GPU's sustained time for the same FLOPs and bytes, measured
+in the same run under the same protocol (:mod:`benchmarks.limit`: a dense cuBLAS GEMM pair, a
+read-only reduction); efficiency against it (``eff_limit``) = limit / time. The run also measures
+and records this GPU's own ceilings (a dense bf16 matmul and a 4 GiB copy) and each path's eager
+host cost per call on a tiny problem.
 
-``--settle SECONDS`` (default 0, the README protocol) replays each path back to back for that
-long before its timed replays: under the H200's 700 W cap the heavy paths lower the SM clock,
-and without settling a path's figure depends on what ran before it.
+``--settle SECONDS`` (default 0, the README protocol) replays each path, and each part of the
+limit, back to back for that long before its timed replays: under the H200's 700 W cap the heavy
+paths lower the SM clock, and without settling a figure depends on what ran before it.
 
     python -m benchmarks.run [--out results.json] [--reps 50] [--paths vllm,moonep] [--paddings 128,1]
                              [--shapes 0,3] [--settle 1]
@@ -24,6 +27,7 @@ import time
 
 import torch
 
+from .limit import LimitMeter
 from .paths import PATHS
 from .shapes import SHAPES, build_problem
 from .timing import environment, median_replay_ms
@@ -101,6 +105,37 @@ def floor_us(sizes, shape, ceilings=BASELINE_CEILINGS) -> tuple[float, float, fl
     return max(t_flop, t_byte), flops, nbytes, "compute" if t_flop > t_byte else "memory"
 
 
+def measure_path(fn, problem: tuple, live: int, ref, reps: int, settle_s: float) -> tuple[dict, object]:
+    """Runs one path once, checks it, then times it. Returns its record (``us``, ``err_vs_first``:
+    relative error on the live rows against ``ref``, ``tail_zero``; or ``error``) and the reference
+    for the next path (this path's live rows when ``ref`` is None). A path that cannot run a
+    problem is reported, not fatal."""
+    x, hidden = problem[0], problem[1].shape[2]
+    out = torch.full((x.shape[0], hidden), float("nan"), device=x.device, dtype=x.dtype)
+    try:
+        fn(*problem, out)
+        torch.cuda.synchronize()
+        if ref is None:
+            ref, err = out[:live].float(), 0.0
+        else:
+            err = float((out[:live].float() - ref).norm() / ref.norm())
+        tail_zero = bool((out[live:] == 0).all())
+        us = median_replay_ms(lambda: fn(*problem, out), reps, settle_s) * 1e3
+        return {"us": us, "err_vs_first": err, "tail_zero": tail_zero}, ref
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}, ref
+
+
+def add_efficiencies(row: dict, paths, flops: float, nbytes: float) -> None:
+    """Adds to each timed path of ``row`` its efficiency against the floor (``eff``) and against
+    the measured limit (``eff_limit``), and its FLOP and byte rates."""
+    for name in paths:
+        r = row[name]
+        if "us" in r:
+            r.update(eff=row["floor_us"] / r["us"], eff_limit=row["limit"]["us"] / r["us"],
+                     tflops=flops / r["us"] / 1e6, tbps=nbytes / r["us"] / 1e6)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
@@ -118,6 +153,7 @@ def main(argv=None):
     print(f"# {env}  ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s, {ceilings['copy_tbps']:.2f} TB/s")
     host = host_costs_interleaved(paths)
     print("# eager host cost per call (us): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
+    meter = LimitMeter(args.reps, args.settle)
     rows = []
     for padding in [int(p) for p in args.paddings.split(",")]:
         for shape in shapes:
@@ -128,36 +164,25 @@ def main(argv=None):
             row = {"shape": shape.name, "token_padding": padding, "nvs": x.shape[0], "rows": live,
                    "nonempty": sum(1 for s in sizes if s), "floor_us": floor, "bound": bound}
             for name, fn in paths.items():
-                out = torch.full((x.shape[0], shape.hidden), float("nan"), device="cuda", dtype=torch.bfloat16)
-                try:
-                    fn(x, wg, wu, wd, cu, rw, out)
-                    torch.cuda.synchronize()
-                    if ref is None:
-                        ref = out[:live].float()
-                        err = 0.0
-                    else:
-                        err = float((out[:live].float() - ref).norm() / ref.norm())
-                    tail_zero = bool((out[live:] == 0).all())
-                    ms = median_replay_ms(lambda: fn(x, wg, wu, wd, cu, rw, out), args.reps, args.settle)
-                    us = ms * 1e3
-                    row[name] = {"us": us, "eff": floor / us, "tflops": flops / us / 1e6,
-                                 "tbps": nbytes / us / 1e6, "err_vs_first": err, "tail_zero": tail_zero}
-                except Exception as exc:  # a path that cannot run a shape is reported, not fatal
-                    row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            rows.append(row)
+                row[name], ref = measure_path(fn, (x, wg, wu, wd, cu, rw), live, ref, args.reps, args.settle)
             del x, wg, wu, wd
             torch.cuda.empty_cache()
+            row["limit"] = meter.measure(live, shape.hidden, shape.inter, nbytes)
+            add_efficiencies(row, paths, flops, nbytes)
+            rows.append(row)
             _print_row(row, paths)
     result = {"env": env, "measured_ceilings": ceilings, "floor_ceilings": BASELINE_CEILINGS,
               "host_us": host, "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    return result
+    return 0
 
 
 def _print_row(row, paths):
-    parts = [f"{row['shape']:<28} pad={row['token_padding']:<3} floor {row['floor_us']:7.0f}us"]
+    lim = row["limit"]
+    parts = [f"{row['shape']:<28} pad={row['token_padding']:<3} floor {row['floor_us']:7.0f}us "
+             f"limit {lim['us']:7.0f}us ({lim['bound']})"]
     base = row.get("vllm", {}).get("us")
     for name in paths:
         r = row[name]
@@ -165,7 +190,8 @@ def _print_row(row, paths):
             parts.append(f"{name}: ERROR {r['error'][:60]}")
         else:
             sp = f" x{base / r['us']:.2f}" if base else ""
-            parts.append(f"{name} {r['us']:7.0f}us eff {r['eff']:.2f}{sp} err {r['err_vs_first']:.1e}"
+            parts.append(f"{name} {r['us']:7.0f}us eff {r['eff']:.2f} lim {r['eff_limit']:.2f}{sp} "
+                         f"err {r['err_vs_first']:.1e}"
                          f"{'' if r['tail_zero'] else ' TAIL!=0'}")
     print(" | ".join(parts), flush=True)
 

@@ -1,7 +1,10 @@
-"""benchmarks/report.py: the README's performance table from a benchmark JSON, on CPU.
+"""benchmarks/report.py: the README's performance table from a benchmark JSON, and the layout
+sweep's summary (benchmarks/sweep_summary.py) from a sweep JSON, on CPU.
 
-A small synthetic result (not the committed one): the table's cells, the geometric mean, the
-rows of the other padding left out, and a README whose text outside the markers stays as it was.
+Small synthetic results (not the committed ones): the table's cells (floor, measured limit and the
+efficiency against it), the geometric mean, the rows of the other padding left out, a result without
+a limit, a README whose text outside the markers stays as it was; the sweep's worst case, spread and
+worst per bound; its deterministic case list.
 """
 
 import json
@@ -11,8 +14,12 @@ import pytest
 from benchmarks import report
 
 
-def _path(us, floor):
-    return {"us": us, "eff": floor / us, "err_vs_first": 0.0, "tail_zero": True}
+def _path(us, floor, limit):
+    return {"us": us, "eff": floor / us, "eff_limit": limit / us, "err_vs_first": 0.0, "tail_zero": True}
+
+
+def _limit(us, bound="memory"):
+    return {"us": us, "bound": bound, "gemm_us": us / 2, "read_us": us, "l2_fit": False}
 
 
 RESULT = {
@@ -20,11 +27,11 @@ RESULT = {
             "reps": 50, "settle_s": 0.0},
     "rows": [
         {"shape": "a S=1", "token_padding": 128, "nvs": 256, "rows": 200, "floor_us": 100.4,
-         "vllm": _path(200.0, 100.4), "moonep": _path(125.0, 100.4)},
+         "limit": _limit(110.0), "vllm": _path(200.0, 100.4, 110.0), "moonep": _path(125.0, 100.4, 110.0)},
         {"shape": "b S=2", "token_padding": 128, "nvs": 512, "rows": 300, "floor_us": 50.0,
-         "vllm": _path(100.0, 50.0), "moonep": _path(50.0, 50.0)},
+         "limit": _limit(45.0, "compute"), "vllm": _path(100.0, 50.0, 45.0), "moonep": _path(50.0, 50.0, 45.0)},
         {"shape": "a S=1", "token_padding": 1, "nvs": 200, "rows": 200, "floor_us": 99.0,
-         "vllm": _path(190.0, 99.0), "moonep": _path(120.0, 99.0)},
+         "limit": _limit(105.0), "vllm": _path(190.0, 99.0, 105.0), "moonep": _path(120.0, 99.0, 105.0)},
     ],
 }
 README = "# title\n\nintro\n\n<!-- perf-table:begin -->\nold table\n<!-- perf-table:end -->\n\n## next\n"
@@ -33,18 +40,32 @@ README = "# title\n\nintro\n\n<!-- perf-table:begin -->\nold table\n<!-- perf-ta
 def test_the_table_says_what_the_json_says():
     text = report.render(RESULT)
     assert text.splitlines()[0].startswith("NVIDIA H200, torch 2.14.0, triton 3.8.0, 2030-01-02;")
-    assert "| a S=1 | 256 | 200 | 100 | 200 (0.50) | 125 (0.80) | 1.60× |" in text
-    assert "| b S=2 | 512 | 300 | 50 | 100 (0.50) | 50 (1.00) | 2.00× |" in text
+    assert "| floor µs | limit µs | vLLM 0.33 µs (eff) | moonep µs (eff) | moonep vs limit | speedup |" in text
+    assert "| a S=1 | 256 | 200 | 100 | 110 | 200 (0.50) | 125 (0.80) | 0.88 | 1.60× |" in text
+    assert "| b S=2 | 512 | 300 | 50 | 45 | 100 (0.50) | 50 (1.00) | 0.90 | 2.00× |" in text
     assert "| 200 | 200 |" not in text  # the unpadded row
-    assert "Geometric-mean speedup 1.79× (1.60–2.00×); efficiency (floor / time) of moonep 0.80–1.00." in text
+    assert ("Geometric-mean speedup 1.79× (1.60–2.00×); efficiency of moonep against the floor 0.80–1.00, "
+            "against the measured limit 0.88–0.90.") in text
 
 
 def test_a_path_that_failed_is_shown_and_left_out_of_the_mean():
     result = json.loads(json.dumps(RESULT))
     result["rows"][1]["moonep"] = {"error": "RuntimeError: out of memory"}
     text = report.render(result)
-    assert "| b S=2 | 512 | 300 | 50 | 100 (0.50) | error | – |" in text
+    assert "| b S=2 | 512 | 300 | 50 | 45 | 100 (0.50) | error | – | – |" in text
     assert "Geometric-mean speedup 1.60× (1.60–1.60×)" in text
+    assert "against the floor 0.80–0.80, against the measured limit 0.88–0.88." in text
+
+
+def test_a_run_without_the_limit_shows_dashes():
+    result = json.loads(json.dumps(RESULT))
+    for row in result["rows"]:
+        del row["limit"]
+        for name in ("vllm", "moonep"):
+            del row[name]["eff_limit"]
+    text = report.render(result)
+    assert "| a S=1 | 256 | 200 | 100 | – | 200 (0.50) | 125 (0.80) | – | 1.60× |" in text
+    assert text.endswith("efficiency of moonep against the floor 0.80–1.00.\n")
 
 
 def test_only_the_region_between_the_markers_is_replaced(tmp_path):
@@ -63,7 +84,7 @@ def test_main_writes_then_checks(tmp_path):
     assert report.main(args) == 0
     text = readme.read_text()
     assert text.startswith("# title\n\nintro\n\n<!-- perf-table:begin -->\n\nNVIDIA H200")
-    assert text.endswith("0.80–1.00.\n\n<!-- perf-table:end -->\n\n## next\n")
+    assert text.endswith("0.88–0.90.\n\n<!-- perf-table:end -->\n\n## next\n")
     assert report.main(args + ["--check"]) == 0
 
 
@@ -77,3 +98,77 @@ def test_missing_or_repeated_markers_print_the_table_and_fail(tmp_path, capsys, 
     out, err = capsys.readouterr()
     assert "| a S=1 |" in out and "perf-table:begin" in err
     assert readme.read_text() == text
+
+
+def _case(name, us, limit_us, bound, floor_us, vllm_us, err=1e-3):
+    return {"name": name, "rows": 128, "limit": _limit(limit_us, bound), "floor_us": floor_us,
+            "vllm": {"us": vllm_us, "eff": floor_us / vllm_us, "eff_limit": limit_us / vllm_us},
+            "moonep": {**_path(us, floor_us, limit_us), "err_vs_first": err}}
+
+
+SWEEP = {
+    "env": {**RESULT["env"], "settle_s": 0.3, "case_seed": 0},
+    "cases": [
+        _case("m K8 G1000 S64", 100.0, 80.0, "memory", 70.0, 200.0),
+        _case("m K8 G64 S8192", 100.0, 90.0, "compute", 85.0, 150.0),
+        _case("m K1 G8 S16", 10.0, 6.0, "memory", 5.0, 10.0, err=0.5),
+        _case("m K8 G132 S4096", 100.0, 95.0, "compute", 90.0, 100.0),
+        {"name": "m K8 G388 S8192", "error": "OutOfMemoryError: CUDA out of memory"},
+    ],
+}
+SWEEP_DOC = "# Performance\n\n<!-- sweep-summary:begin -->\nold\n<!-- sweep-summary:end -->\n\n## next\n"
+
+
+def test_the_sweep_summary_names_the_worst_cases():
+    from benchmarks import sweep_summary
+
+    s = sweep_summary.summarize(SWEEP["cases"])
+    assert (s["cases"], s["timed"]) == (5, 4)
+    assert s["errors"] == ["m K8 G388 S8192"] and s["check_failures"] == ["m K1 G8 S16"]
+    assert s["worst"]["case"] == "m K1 G8 S16" and s["worst"]["eff_limit"] == pytest.approx(0.6)
+    assert s["eff_limit"] == pytest.approx({"min": 0.6, "median": 0.85, "max": 0.95})
+    assert s["worst_by_bound"]["compute"]["case"] == "m K8 G64 S8192"
+    assert s["worst_by_bound"]["compute"]["cases"] == 2
+    assert s["worst_by_bound"]["memory"]["case"] == "m K1 G8 S16"
+    assert s["speedup"]["min"] == pytest.approx(1.0) and s["speedup"]["max"] == pytest.approx(2.0)
+    text = sweep_summary.render({**SWEEP, "summary": s})
+    assert "5 cases (case seed 0); each path and each part of the limit replayed for 0.3 s" in text
+    assert "moonep against the measured limit: min 0.60, median 0.85, max 0.95" in text
+    assert "Worst compute-bound case (2 cases): m K8 G64 S8192, 0.90." in text
+    assert ("1 case without a moonep time, an error instead (m K8 G388 S8192); "
+            "1 case failed the output check (m K1 G8 S16).") in text
+    assert "| m K1 G8 S16 | 6 (memory) | 10 | 0.60 | 0.50 |" in text
+
+
+def test_main_writes_the_sweep_summary_into_its_doc(tmp_path):
+    from benchmarks import sweep_summary
+
+    results, doc = tmp_path / "sweep.json", tmp_path / "performance.md"
+    results.write_text(json.dumps({**SWEEP, "summary": sweep_summary.summarize(SWEEP["cases"])}))
+    doc.write_text(SWEEP_DOC)
+    args = ["--sweep", "--results", str(results), "--doc", str(doc)]
+    assert report.main(args + ["--check"]) == 1
+    assert report.main(args) == 0
+    text = doc.read_text()
+    assert text.startswith("# Performance\n\n<!-- sweep-summary:begin -->\n\nNVIDIA H200")
+    assert text.endswith("|\n\n<!-- sweep-summary:end -->\n\n## next\n")
+    assert report.main(args + ["--check"]) == 0
+
+
+def test_the_sweep_case_list_is_fixed_and_covers_every_axis():
+    from benchmarks import sweep_cases
+
+    from benchmarks.sweep import DEFAULT_CASES
+
+    cases = sweep_cases.sweep_cases(DEFAULT_CASES)
+    assert cases == sweep_cases.sweep_cases(DEFAULT_CASES) and len(set(cases)) == DEFAULT_CASES
+    assert cases[:len(sweep_cases.ANCHORS)] == sweep_cases.sweep_cases(0, quick=True)
+    assert {c.topk for c in cases} == {1, 8}
+    assert min(c.groups for c in cases) == 8 and max(c.groups for c in cases) == 1000
+    assert {c.skew for c in cases} == set(sweep_cases.SKEWS)
+    assert {c.token_padding for c in cases} == {1, 128}
+    assert {c.tokens for c in cases} == set(sweep_cases.TOKENS)
+    assert {(c.hidden, c.inter) for c in cases} == {(m.hidden, m.inter) for m in sweep_cases.MODELS}
+    for c in cases:
+        assert c.topk <= c.epn <= c.experts
+        assert 3 * c.groups * c.hidden * c.inter * 2 <= sweep_cases.WEIGHT_CAP_BYTES
