@@ -7,8 +7,8 @@ fails. The kernels' eager calls go through :func:`checked`, which runs a check o
 signature (:mod:`moonep_ops.cache`). The data checks on ``cu_seqlens``
 (:func:`check_cu_seqlens_values`) read the tensor: the CPU path runs them, CUDA only with
 ``MOONEP_OPS_DEBUG=1`` (:func:`debug_checks`). The FP8 ops' checks (the end of this module) add
-e4m3fn weights with their fp32 block scales, and on CUDA a contiguous K dimension for each weight and
-contiguous scales.
+e4m3fn weights with their fp32 block scales, and on CUDA a contiguous last dimension for each weight
+and each scale.
 """
 
 import torch
@@ -444,7 +444,8 @@ def _check_fp8_scale(op_name: str, scale_name: str, scale: torch.Tensor, w_name:
 
 
 def _check_fp8_cuda_layout(op_name: str, w_name: str, w: torch.Tensor, scale_name: str, scale: torch.Tensor) -> None:
-    """CUDA kernels load weight rows along K and scales by flat index; the CPU kernels take any strides."""
+    """CUDA kernels load weight rows along K and each scale row's K blocks as consecutive floats (a
+    scale may be a view, e.g. of a buffer whose groups are padded); the CPU kernels take any strides."""
     if w.device.type != "cuda":
         return
     _check(
@@ -453,9 +454,9 @@ def _check_fp8_cuda_layout(op_name: str, w_name: str, w: torch.Tensor, scale_nam
               f"got shape {_shape(w)} with strides {list(w.stride())}"),
     )
     _check(
-        scale.is_contiguous(),
-        _fail(op_name, lambda: f"{scale_name} must be contiguous on CUDA, got shape {_shape(scale)} "
-              f"with strides {list(scale.stride())}"),
+        scale.shape[2] <= 1 or scale.stride(2) == 1,
+        _fail(op_name, lambda: f"{scale_name} must have its last dimension contiguous on CUDA "
+              f"({scale_name}.stride(-1) == 1), got shape {_shape(scale)} with strides {list(scale.stride())}"),
     )
 
 

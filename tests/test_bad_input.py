@@ -851,7 +851,9 @@ class TestGroupedGemmFp8BadInput(BadInputCase):
         s_strided = torch.ones(G, 1, 6)[:, :, ::2]  # [G, 1, 3], every other element
         self.assertExpectedInline(
             self.raises_fake(gg8, a_wide, w_wide, s_strided, cu, cuda=(0, 1, 2, 3)),
-            """moonep::grouped_gemm_fp8: w_scale must be contiguous on CUDA, got shape [3, 1, 3] with strides [6, 6, 2]""")
+            """moonep::grouped_gemm_fp8: w_scale must have its last dimension contiguous on CUDA (w_scale.stride(-1) == 1), got shape [3, 1, 3] with strides [6, 6, 2]""")
+        s_padded = torch.ones(G, 4, 3)[:, :1]  # [G, 1, 3] rows of a buffer with padded groups: fine
+        self.assertEqual(tuple(_fake_call(gg8, (a_wide, w_wide, s_padded, cu), cuda=(0, 1, 2, 3)).shape), (NVS, N))
         self.assertEqual(gg8(a, _k_strided(w), s, cu).shape, (NVS, N))  # CPU: fine
 
     def test_out(self):

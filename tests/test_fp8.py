@@ -202,8 +202,9 @@ def test_experts_fp8_out_op_in_place(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_strided_weights(device):
-    """CPU takes any strides; CUDA wants each weight's K dimension contiguous (a slice of a
-    larger buffer is fine) and contiguous scales. The values, not the layout, decide the result."""
+    """CPU takes any strides; CUDA wants each weight's and each scale's last dimension contiguous
+    (rows of a larger buffer are fine: vLLM's MoonEP layout pads each group's scales). The values,
+    not the layout, decide the result."""
     layout = LAYOUTS[LAYOUT_IDS.index("unpadded")]
     args = list(_experts_args(layout, torch.bfloat16, device))
     expected = torch.ops.moonep.experts_fp8(*args)
@@ -211,6 +212,12 @@ def test_strided_weights(device):
         w = args[i]
         buf = torch.full((w.shape[0], w.shape[1] + 3, w.shape[2]), float("nan"), device=device).to(FP8)
         args[i] = buf[:, 2:w.shape[1] + 2].copy_(w)
+        assert not args[i].is_contiguous() and args[i].stride(-1) == 1
+    assert torch.equal(torch.ops.moonep.experts_fp8(*args), expected)
+    for i in (2, 4, 6):  # each scale as rows of a buffer whose groups and rows are padded with NaN
+        s = args[i]
+        buf = torch.full((s.shape[0], s.shape[1] + 2, s.shape[2] + 5), float("nan"), device=device)
+        args[i] = buf[:, 1:s.shape[1] + 1, :s.shape[2]].copy_(s)
         assert not args[i].is_contiguous() and args[i].stride(-1) == 1
     assert torch.equal(torch.ops.moonep.experts_fp8(*args), expected)
     if torch.device(device).type == "cpu":

@@ -56,7 +56,7 @@ def gemm_into(a, w, w_scale, cu_seqlens, out) -> None:
 
     cu = contiguous(cu_seqlens)
     a_q, a_scale = _quantized_rows(a, cu)
-    grouped_gemm_fp8.run(a_q, a_scale, w, contiguous(w_scale), None, None, None, cu, out, None, choose)
+    grouped_gemm_fp8.run(a_q, a_scale, w, w_scale, None, None, None, cu, out, None, choose)
 
 
 def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
@@ -72,9 +72,9 @@ def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale
     act = torch.empty((num_rows, inter), dtype=torch.float8_e4m3fn, device=x.device)
     act_scale = torch.empty((num_rows, -(-inter // 128)), dtype=torch.float32, device=x.device)
     # act's tail rows are never written: the down GEMM never reads rows past cu_seqlens[-1].
-    grouped_gemm_fp8.run(x_q, x_scale, w_gate, contiguous(w_gate_scale), w_up, contiguous(w_up_scale),
+    grouped_gemm_fp8.run(x_q, x_scale, w_gate, w_gate_scale, w_up, w_up_scale,
                          contiguous(route_weights), cu, act, act_scale, choose, zero_tail=False)
-    grouped_gemm_fp8.run(act, act_scale, w_down, contiguous(w_down_scale), None, None, None, cu, out, None, choose)
+    grouped_gemm_fp8.run(act, act_scale, w_down, w_down_scale, None, None, None, cu, out, None, choose)
 
 
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:
