@@ -5,7 +5,7 @@ One MoE step on a MoonEP ``Buffer`` of token capacity ``S``::
     stage_tokens     s tokens, their ids and weights -> the [S, ...] staging tensors
     count_tokens     staged ids -> tokens_per_expert [E], a scatter_add_ into a fixed buffer
     buffer.dispatch  -> hidden_nvsh [NvS, H], route_weights_nvs [NvS], cu_seqlens [E+B], plan
-    buffer.prefetch_weight(plan, ...)        the hot experts' weights into rows [E, E+B)
+    buffer.prefetch_weight(plan, ...)        the hot experts' weights (and FP8 scales) into rows [E, E+B)
     segment_lengths  cu_seqlens -> per-row segment lengths [E+B] (vLLM's expert_num_tokens)
       ... the experts ...
     buffer.combine   -> [S, H]; its first s rows are copied into the layer's output
@@ -107,6 +107,18 @@ def supports_zero_copy(buffer: Any) -> bool:
     return "zero_copy" in params and "router_weights_zero_copy" in params
 
 
+SCALE_PREFETCH_ARGS = ("full_gate_scale", "full_up_scale", "full_down_scale")
+
+
+def supports_scale_prefetch(buffer: Any) -> bool:
+    """Whether this MoonEP's ``prefetch_weight`` copies block scales with the weights (the
+    ``full_{gate,up,down}_scale`` arguments of the ``[E+B]`` API, e.g. the zhumakhan/MoonEP fork).
+    ``buffer`` is a ``moonep.Buffer`` or the class itself. Without them a prefetch slot would hold
+    an expert's FP8 weights with another expert's scales, so FP8 experts are refused."""
+    params = inspect.signature(buffer.prefetch_weight).parameters
+    return all(name in params for name in SCALE_PREFETCH_ARGS)
+
+
 class Dispatched(NamedTuple):
     hidden_nvsh: torch.Tensor  # [NvS, H]
     route_weights_nvs: torch.Tensor  # [NvS] fp32
@@ -117,16 +129,18 @@ class Dispatched(NamedTuple):
 
 def dispatch_step(buffer: Any, staging: Staging, full_weights, a1: torch.Tensor,
                   topk_ids: torch.Tensor, topk_weights: torch.Tensor, weights_on_input: bool,
-                  zero_copy: bool) -> Dispatched:
-    """Stage, count, dispatch and prefetch; ``full_weights`` is the ``[E+B]`` (gate, up, down) triple."""
+                  zero_copy: bool, full_scales=None) -> Dispatched:
+    """Stage, count, dispatch and prefetch; ``full_weights`` is the ``[E+B]`` (gate, up, down)
+    triple, ``full_scales`` their ``[E+B, ...]`` block-scale storages (FP8) or None."""
     hidden = stage_tokens(staging, a1, topk_ids, topk_weights, weights_on_input)
     counts = count_tokens(staging)
     extra = dict(zero_copy=True, router_weights_zero_copy=True) if zero_copy else {}
     hidden_nvsh, route_weights_nvs, cu_seqlens, plan = buffer.dispatch(
         hidden, staging.topk_weights, staging.topk_ids, counts, **extra)
     gate, up, down = full_weights
+    scales = {} if full_scales is None else dict(zip(SCALE_PREFETCH_ARGS, full_scales))
     buffer.prefetch_weight(plan=plan, full_gate_weight=gate, full_up_weight=up,
-                           full_down_weight=down)
+                           full_down_weight=down, **scales)
     lengths = segment_lengths(cu_seqlens, staging.segment_lengths)
     return Dispatched(hidden_nvsh, route_weights_nvs, cu_seqlens, plan, lengths)
 

@@ -13,6 +13,13 @@ before any model is built. vLLM has no registry for either class; it looks both 
 Replacing those two module attributes with our subclasses is seen by every later lookup and
 touches no vLLM function. An attribute that is neither vLLM's class nor ours is someone else's
 choice and stays (docs/vllm.md, "How the plugin hooks in").
+
+It also registers the quantization method ``moonep_fp8``
+(:class:`~moonep_ops.vllm.fp8.MoonEPFp8Config`, vLLM's ``register_quantization_config``): FP8
+128x128 block checkpoints under MoonEP, for users who pass ``--quantization moonep_fp8``, and
+wraps ``VllmConfig.__post_init__`` (:mod:`moonep_ops.vllm.config_gate`) so that exactly that
+combination passes vLLM's MoonEP check, which refuses any quantization. Both change nothing
+until a user names ``moonep_fp8`` (docs/vllm.md, "FP8").
 """
 
 import importlib
@@ -25,6 +32,8 @@ logger = logging.getLogger(__name__)
 DISABLE_ENV = flags.DISABLE_VLLM_PLUGIN
 EXPERTS_MODULE = "vllm.model_executor.layers.fused_moe.experts.moonep_experts"
 ALL2ALL_MODULE = "vllm.model_executor.layers.fused_moe.all2all_utils"
+QUANTIZATION_MODULE = "vllm.model_executor.layers.quantization"
+FP8_QUANTIZATION = "moonep_fp8"
 
 
 def disabled() -> bool:
@@ -65,10 +74,36 @@ def _install(module_name: str, attr: str, *, absent_is_normal: bool) -> None:
     logger.info("moonep_ops: vLLM's MoonEP backend now builds %s", ours.__qualname__)
 
 
+def _register_fp8() -> None:
+    """Register ``moonep_fp8`` and install its ``VllmConfig`` gate (both inert until a user names
+    ``moonep_fp8``)."""
+    try:
+        quantization = importlib.import_module(QUANTIZATION_MODULE)
+        from .fp8 import MoonEPFp8Config
+    except ImportError as e:
+        logger.warning("moonep_ops: --quantization %s is unavailable with this vLLM (%s)",
+                       FP8_QUANTIZATION, e)
+        return
+    from . import config_gate
+
+    config_gate.install()
+    if FP8_QUANTIZATION in quantization.QUANTIZATION_METHODS:
+        current = getattr(quantization, "_CUSTOMIZED_METHOD_TO_QUANT_CONFIG", {}).get(FP8_QUANTIZATION)
+        if isinstance(current, type) and issubclass(current, MoonEPFp8Config):
+            return  # already registered in this process
+        logger.warning("moonep_ops: quantization method %s is already registered as %r; leaving it",
+                       FP8_QUANTIZATION, current)
+        return
+    quantization.register_quantization_config(FP8_QUANTIZATION)(MoonEPFp8Config)
+    logger.info("moonep_ops: registered --quantization %s (FP8 block MoE under MoonEP)",
+                FP8_QUANTIZATION)
+
+
 def register() -> None:
-    """Install both classes in vLLM; safe to call any number of times."""
+    """Install both classes in vLLM and register ``moonep_fp8``; safe to call any number of times."""
     if disabled():
         logger.info("moonep_ops: %s is set; vLLM keeps its own MoonEP classes", DISABLE_ENV)
         return
     _install(EXPERTS_MODULE, "MoonEPExperts", absent_is_normal=False)
     _install(ALL2ALL_MODULE, "MoonEPPrepareAndFinalize", absent_is_normal=True)
+    _register_fp8()

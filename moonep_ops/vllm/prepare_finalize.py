@@ -17,6 +17,12 @@ where the work happens:
 
 The device work itself is :mod:`moonep_ops.vllm.device` (plain torch, tested under CUDA-graph
 capture without vLLM).
+
+FP8 (``--quantization moonep_fp8``, docs/vllm.md): with :class:`~moonep_ops.vllm.fp8.MoonEPOpsFp8Experts`
+the hidden states are still dispatched in BF16 (the experts quantize them: vLLM's
+``defer_input_quant``), and ``prefetch_weight`` copies the hot experts' block scales with their
+FP8 weights (:class:`~moonep_ops.vllm.fp8_layout.MoonEPFp8WeightLayout`). A MoonEP whose
+``prefetch_weight`` cannot copy scales is refused at model load.
 """
 
 import weakref
@@ -33,6 +39,7 @@ from vllm.model_executor.layers.fused_moe.prepare_finalize.moonep import (
 from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import TopKWeightAndReduceNoOP
 
 from . import device
+from .fp8_layout import MoonEPFp8WeightLayout
 
 # Staging per pool and capacity: a pool (one per Buffer geometry) serves every MoE layer, and
 # layers run one after another, so they share it as they share the MoonEP Buffers.
@@ -76,6 +83,15 @@ class MoonEPOpsPrepareAndFinalize(MoonEPPrepareAndFinalize):
                     capacity, kwargs["H"], kwargs["K"], kwargs["E"], kwargs["B"], moe.in_dtype, dev)
             self._staging[capacity] = shared[capacity]
         self._zero_copy = device.supports_zero_copy(buffer)
+        if fused_experts.quant_config.quant_dtype is not None:
+            _check_fp8_pairing(type(self).__name__, fused_experts, buffer)
+
+    def _resolve_weight_layout(self):
+        """The experts' ``[E+B]`` layout: vLLM's BF16 one or :class:`MoonEPFp8WeightLayout`."""
+        layout = getattr(self._fused_experts, "weight_layout", None)
+        if self.weight_layout is None and isinstance(layout, MoonEPFp8WeightLayout):
+            self.weight_layout = layout
+        return super()._resolve_weight_layout()
 
     def _step_capacity(self, num_tokens: int) -> int:
         """vLLM's rank-symmetric capacity: from the largest DP rank's token count (host data)."""
@@ -94,8 +110,13 @@ class MoonEPOpsPrepareAndFinalize(MoonEPPrepareAndFinalize):
         name = type(self).__name__
         if a1.dtype != torch.bfloat16:
             raise NotImplementedError(f"{name}: MoonEP dispatches BF16 hidden states only")
-        if quant_config.quant_dtype is not None:
-            raise NotImplementedError(f"{name}: MoonEP has no quantized dispatch")
+        fp8 = quant_config.quant_dtype is not None
+        if fp8 and not (defer_input_quant and _is_fp8_block_128(quant_config)):
+            raise NotImplementedError(
+                f"{name}: MoonEP has no quantized dispatch (FP8 128x128 block-quantized experts that "
+                f"quantize their own BF16 inputs are supported); got quant_dtype="
+                f"{quant_config.quant_dtype}, block_shape={quant_config.block_shape}, "
+                f"defer_input_quant={defer_input_quant}")
         if num_experts != self.num_global_experts:
             raise ValueError(f"{name}: num_experts = {num_experts}, built for {self.num_global_experts}")
         if self._plan is not None:
@@ -113,8 +134,15 @@ class MoonEPOpsPrepareAndFinalize(MoonEPPrepareAndFinalize):
                                "post_init_setup (FusedMoEKernel construction), never in a forward")
         _, buffer = self.buffer_pool.get(capacity)  # made in post_init_setup: a lookup
         layout = self._resolve_weight_layout()
-        d = device.dispatch_step(buffer, staging, layout[:3], a1, topk_ids, topk_weights,
-                                 apply_router_weight_on_input, self._zero_copy)
+        if isinstance(layout, MoonEPFp8WeightLayout) != fp8:
+            raise RuntimeError(f"{name}: the experts' weight layout is {type(layout).__name__} but their "
+                               f"quant_dtype is {quant_config.quant_dtype}")
+        if fp8:
+            weights, scales = layout.prefetch_weights, layout.prefetch_scales
+        else:
+            weights, scales = layout[:3], None
+        d = device.dispatch_step(buffer, staging, weights, a1, topk_ids, topk_weights,
+                                 apply_router_weight_on_input, self._zero_copy, scales)
         self._buffer, self._plan, self._cu_seqlens = buffer, d.plan, d.cu_seqlens
         self._num_tokens = num_tokens
         meta = mk.ExpertTokensMetadata(expert_num_tokens=d.segment_lengths, expert_num_tokens_cpu=None)
@@ -135,3 +163,28 @@ class MoonEPOpsPrepareAndFinalize(MoonEPPrepareAndFinalize):
             raise RuntimeError(f"{name}.finalize() without prepare()")
         plan, self._plan, self._cu_seqlens = self._plan, None, None
         device.combine_step(self._buffer, plan, fused_expert_output, output)
+
+
+def _is_fp8_block_128(quant_config: FusedMoEQuantConfig) -> bool:
+    return (quant_config.quant_dtype == torch.float8_e4m3fn
+            and list(quant_config.block_shape or ()) == [128, 128])
+
+
+def _check_fp8_pairing(name: str, fused_experts: mk.FusedMoEExperts, buffer) -> None:
+    """At model load: quantized experts behind MoonEP must take BF16 rows (MoonEP dispatches BF16)
+    and be 128x128 block FP8, and this MoonEP must prefetch their scales with the weights."""
+    quant = fused_experts.quant_config
+    if not (fused_experts.expects_unquantized_inputs and _is_fp8_block_128(quant)):
+        raise NotImplementedError(
+            f"{name}: MoonEP dispatches BF16 hidden states; {type(fused_experts).__name__} wants them "
+            f"quantized (quant_dtype={quant.quant_dtype}, block_shape={quant.block_shape}, "
+            f"expects_unquantized_inputs={fused_experts.expects_unquantized_inputs}). Only FP8 128x128 "
+            "block experts that quantize their own inputs (moonep_ops' MoonEPOpsFp8Experts, "
+            "--quantization moonep_fp8) run behind MoonEP.")
+    if not device.supports_scale_prefetch(buffer):
+        raise RuntimeError(
+            f"{name}: the installed MoonEP cannot prefetch FP8 block scales: its "
+            f"Buffer.prefetch_weight has no {', '.join(device.SCALE_PREFETCH_ARGS)} arguments, so a "
+            "prefetched expert would run with another expert's scales. Install a MoonEP whose "
+            "[E+B] prefetch_weight takes full_gate_scale/full_up_scale/full_down_scale (e.g. the "
+            "zhumakhan/MoonEP fork), or serve an unquantized (BF16) checkpoint.")

@@ -8,8 +8,13 @@ CPU. Planning, dispatch and combine are :mod:`moonep_ops.layout`'s emulation, so
 device work with static shapes, like MoonEP's kernels. Stricter than MoonEP where that finds
 bugs: rows past ``cu_seqlens[-1]`` come out NaN (MoonEP leaves stale data there), and
 ``tokens_per_expert`` must equal the histogram of ``topk_experts_sk`` (MoonEP's planner checks
-its sum on the device). No comm stream (``async_finish`` is refused), no quantized prefetch, no
-``reduce_grad``.
+its sum on the device). No comm stream (``async_finish`` is refused), no ``reduce_grad``.
+
+Quantized prefetch is the zhumakhan/MoonEP fork's ``[E+B]`` API: ``prefetch_weight`` takes
+``full_{gate,up,down}_scale`` with the weights (all three or none; contiguous, ``ndim >= 2``,
+``shape[0] == E + B``) and copies slot rows of both. Weights are bf16 or uint8 (the forks'
+``_ELEM_TYPES`` have no float8: FP8 weights travel as uint8 views), and each expert's scale bytes
+must be a multiple of 128 x 128 (MoonEP's ``retile_for_prefetch`` copies 128-row byte tiles).
 """
 
 from dataclasses import dataclass
@@ -21,6 +26,8 @@ from moonep_ops import layout
 __all__ = ["Buffer", "MoonEPCommPlan"]
 
 NAN = float("nan")
+_ELEM_TYPES = (torch.bfloat16, torch.uint8)  # prefetch_weight's weight dtypes
+_SCALE_TILE_BYTES = 128 * 128  # retile_for_prefetch: an expert's scale bytes, a multiple of this
 DEVICE = None  # where Buffers live; None: the current CUDA device if there is one, else the CPU
 
 
@@ -197,22 +204,35 @@ class Buffer:
                         full_gate_scale: torch.Tensor | None = None,
                         full_up_scale: torch.Tensor | None = None,
                         full_down_scale: torch.Tensor | None = None):
-        """Copy expert ``plan.experts_to_copy[rank, b]`` into row ``E + b`` (skipping ``-1``)."""
+        """Copy expert ``plan.experts_to_copy[rank, b]`` into row ``E + b`` (skipping ``-1``), with
+        its block scales when they are given."""
         ctx = self._require_ctx()
         assert isinstance(plan, MoonEPCommPlan), "Buffer.prefetch_weight: plan is required"
-        if async_finish or any(s is not None for s in (full_gate_scale, full_up_scale, full_down_scale)):
-            raise NotImplementedError("the moonep stub prefetches bf16 weights synchronously only")
+        if async_finish:
+            raise NotImplementedError("the moonep stub prefetches synchronously only")
         weights = (full_gate_weight, full_up_weight, full_down_weight)
         assert all(w is not None for w in weights), "prefetch_weight tensors must be provided together"
         E, B = ctx["E"], ctx["B"]
         for w in weights:
-            assert w.dtype == torch.bfloat16, f"prefetch_weight: unsupported weight dtype {w.dtype}"
+            assert w.dtype in _ELEM_TYPES, f"prefetch_weight: unsupported weight dtype {w.dtype}"
             assert w.is_contiguous()
             assert w.ndim == 3 and w.shape[0] == E + B
+        scales = (full_gate_scale, full_up_scale, full_down_scale)
+        if any(s is not None for s in scales):
+            assert all(s is not None for s in scales), "prefetch_weight scales must be provided together"
+            for s in scales:
+                assert s.is_contiguous()
+                assert s.ndim >= 2 and s.shape[0] == E + B
+                per_expert = s.nbytes // s.shape[0]
+                assert per_expert % _SCALE_TILE_BYTES == 0, (
+                    f"retile_for_prefetch: per-expert extent {per_expert} bytes is not a multiple of "
+                    f"{_SCALE_TILE_BYTES}")
+        else:
+            scales = ()
         slots = plan.experts_to_copy[ctx["rank"]].long()
-        used = (slots >= 0).view(-1, 1, 1)
-        for w in weights:
-            w[E:].copy_(torch.where(used, w[:E].index_select(0, slots.clamp(min=0)), w[E:]))
+        for t in (*weights, *scales):
+            used = (slots >= 0).view(-1, *([1] * (t.ndim - 1)))
+            t[E:].copy_(torch.where(used, t[:E].index_select(0, slots.clamp(min=0)), t[E:]))
 
     def combine(self, plan: MoonEPCommPlan | None = None, hidden_nvsh: torch.Tensor | None = None,
                 route_weights_nvs: torch.Tensor | None = None, async_finish: bool = False,
