@@ -16,8 +16,9 @@ Per unique variant: shared memory (against the target's per-block limit), regist
 stores, and the tensor-core instructions of the machine code (from the cubin, via the
 ``cuobjdump`` bundled with Triton): a bf16/fp16 GEMM kernel must use tcgen05 MMAs (``UTCHMMA``,
 or another ``UTC*MMA`` form) on sm100, ``HGMMA`` (wgmma) on sm90 and ``HMMA`` (mma.sync) on
-sm80/sm86, so a Triton or config change that silently drops to a slower instruction path fails
-here. Exit code 1 on any compile error, shared-memory overflow, missing tensor-core path or Gluon
+sm80/sm86/sm89, and the FP8 GEMM (sm89+ only) tcgen05 MMAs on sm100, ``QGMMA`` on sm90 and
+``QMMA`` on sm89, so a Triton or config change that silently drops to a slower instruction path
+fails here. Exit code 1 on any compile error, shared-memory overflow, missing tensor-core path or Gluon
 kernel outside sm90; spills are reported, not fatal. sm100 is checked with the installed Triton
 only (one without sm100 support fails that target's compiles).
 
@@ -47,7 +48,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime import jit as triton_jit  # noqa: E402
 
 import moonep_ops  # noqa: E402,F401  (registers the ops)
-from moonep_ops.kernels.cuda import paths, register as cuda  # noqa: E402
+from moonep_ops.kernels.cuda import fp8 as cuda_fp8, paths, register as cuda  # noqa: E402
 
 # Opt-in shared memory per block (bytes): H100/H200, A100, the consumer/Ada parts, and B200
 # (sm100): NVIDIA's Blackwell Tuning Guide, "Unified Shared Memory/L1/Texture Cache"
@@ -129,30 +130,40 @@ def _resource_usage(cubin) -> dict:
     stack = re.search(r"STACK:(\d+)", text)
     # The instructions alone (no addresses, no encodings): equal hashes mean the same machine code.
     code = "\n".join(m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s*([^;]*);", sass))
-    # Tensor-core instructions: HMMA (mma.sync, sm80+), HGMMA (wgmma, sm90), and the tcgen05 MMAs of
+    # Tensor-core instructions: HMMA (mma.sync, sm80+), HGMMA (wgmma, sm90), their e4m3 forms QMMA
+    # (sm89) and QGMMA (sm90), and the tcgen05 MMAs of
     # sm100 (UTCHMMA for f16/bf16/tf32; UTCQMMA, UTCIMMA, UTCOMMA for the fp8/int8/block-scaled kinds),
     # issued from uniform registers on shared-memory descriptors into tensor memory.
     return {"registers": int(regs.group(1)) if regs else None, "stack_bytes": int(stack.group(1)) if stack else None,
             "hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
+            "qgmma": len(re.findall(r"\bQGMMA\.", sass)), "qmma": len(re.findall(r"\bQMMA\.", sass)),
             "tcgen05": len(re.findall(r"\bUTC[A-Z]*MMA\b", sass)),
             "sass_sha1": hashlib.sha1(code.encode()).hexdigest()[:12]}
 
 
 # The GEMM kernels (tl.dot): bf16/fp16 operands must reach the tensor cores.
-GEMM_KERNELS = ("grouped_gemm_kernel", "gluon_grouped_gemm_kernel", "grouped_gemm_wgrad_kernel", "grouped_gemm_silu_mul_backward_kernel")
+GEMM_KERNELS = ("grouped_gemm_kernel", "gluon_grouped_gemm_kernel", "grouped_gemm_wgrad_kernel",
+                "grouped_gemm_silu_mul_backward_kernel", "grouped_gemm_fp8_kernel")
 
 
 # The tensor-core path a bf16/fp16 GEMM must take per target: (record key, what the SASS shows).
 TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm90": ("hgmma", "HGMMA")}
 HMMA_PATH = ("hmma", "HMMA")  # sm80, sm86, sm89
+# The FP8 GEMM's e4m3 MMAs (the FP8 ops run from sm89 on).
+FP8_TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm90": ("qgmma", "QGMMA"),
+                        "sm89": ("qmma", "QMMA")}
 
 
 def _tensor_core_error(r):
     if r["kernel"].startswith("gluon_") and r["target"] != "sm90":
         return f"the sm90-only Gluon kernel was picked for {r['target']}"
-    if r["kernel"] not in GEMM_KERNELS or r["dtype"] not in ("bf16", "fp16") or "hmma" not in r:
+    # (the FP8 GEMM's first pointer, and so its recorded dtype, is its e4m3 rows)
+    if r["kernel"] not in GEMM_KERNELS or r["dtype"] not in ("bf16", "fp16", "fp8e4nv") or "hmma" not in r:
         return None
-    key, name = TENSOR_CORE_PATH.get(r["target"], HMMA_PATH)
+    if r["dtype"] == "fp8e4nv":
+        key, name = FP8_TENSOR_CORE_PATH.get(r["target"], ("?", f"an e4m3 MMA on {r['target']}"))
+    else:
+        key, name = TENSOR_CORE_PATH.get(r["target"], HMMA_PATH)
     if not r.get(key):
         return f"no {name} instruction: the GEMM does not use the {r['target']} tensor-core path"
     return None
@@ -161,14 +172,15 @@ def _tensor_core_error(r):
 @contextlib.contextmanager
 def forced_capability(capability, compiler: Compiler, portable: bool):
     """The ops' CUDA functions see ``capability`` for CPU tensors; Triton compiles instead of launching."""
-    saved = (paths.capability_of, cuda.capability_of, triton_jit.JITFunction.run, os.environ.get("MOONEP_OPS_PORTABLE"))
-    paths.capability_of = cuda.capability_of = lambda t: capability
+    saved = (paths.capability_of, cuda.capability_of, cuda_fp8.capability_of, triton_jit.JITFunction.run,
+             os.environ.get("MOONEP_OPS_PORTABLE"))
+    paths.capability_of = cuda.capability_of = cuda_fp8.capability_of = lambda t: capability
     triton_jit.JITFunction.run = lambda fn, *args, **kwargs: compiler.run(fn, *args, **kwargs)
     os.environ["MOONEP_OPS_PORTABLE"] = "1" if portable else "0"
     try:
         yield
     finally:
-        paths.capability_of, cuda.capability_of, triton_jit.JITFunction.run, portable_env = saved
+        paths.capability_of, cuda.capability_of, cuda_fp8.capability_of, triton_jit.JITFunction.run, portable_env = saved
         if portable_env is None:
             os.environ.pop("MOONEP_OPS_PORTABLE", None)
         else:
@@ -200,6 +212,20 @@ def run_all_ops(rows, k, n, g, dtype) -> None:
     cuda.grouped_gemm_dual_dgrad(grad_n, grad_n, w_gate, w_up, cu)
     cuda.grouped_gemm_wgrad(grad_n, x, cu)
     cuda.grouped_gemm_wgrad(grad_k, gate, cu)
+
+
+def run_fp8_ops(rows, k, n, g, dtype) -> None:
+    """The FP8 ops (sm89+, bf16/fp16 rows) once with and once without route weights: the row
+    quantization and both FP8 GEMMs of the experts op, and the plain FP8 GEMM."""
+    from moonep_ops.fp8 import scale_shape
+
+    cu = torch.linspace(rows // (2 * g), rows // 2, g).to(torch.int32)
+    x = _empty(rows, k, dtype=dtype)
+    w_gate, w_up, w_down = (_empty(*shape, dtype=torch.float8_e4m3fn) for shape in ((g, n, k), (g, n, k), (g, k, n)))
+    s_gate, s_up, s_down = (_empty(*scale_shape(w.shape), dtype=torch.float32) for w in (w_gate, w_up, w_down))
+    for rw in (torch.empty(rows, dtype=torch.float32), None):
+        cuda.experts_fp8_out(x, w_gate, s_gate, w_up, s_up, w_down, s_down, rw, cu, _empty(rows, k, dtype=dtype))
+    cuda.grouped_gemm_fp8(x, w_gate, s_gate, cu)
 
 
 # Gluon configs the GPU tests force, whether or not the table picks them for PROBLEMS:
@@ -275,6 +301,8 @@ def check_target(arch: int, dtypes, portable: bool, problems=PROBLEMS) -> list:
         for _, rows, k, n, g in problems:
             for dtype in dtypes:
                 run_all_ops(rows, k, n, g, dtype)
+                if capability >= (8, 9) and dtype != torch.float32:
+                    run_fp8_ops(rows, k, n, g, dtype)
         if arch == 90 and not portable and paths.gluon_host() is not None:
             for dtype in dtypes:
                 if dtype != torch.float32:
@@ -297,7 +325,8 @@ def _report(records) -> int:
         knobs = " ".join(f"{k}={v}" for k, v in r["constexprs"].items())
         status = f"FAIL {r['error']}" if "error" in r else (
             f"smem {r['shared']:>6} B  regs {r.get('registers')}  stack {r.get('stack_bytes')} B  "
-            f"hgmma {r.get('hgmma')} hmma {r.get('hmma')} tcgen05 {r.get('tcgen05')}")
+            f"hgmma {r.get('hgmma')} hmma {r.get('hmma')} qgmma {r.get('qgmma')} qmma {r.get('qmma')} "
+            f"tcgen05 {r.get('tcgen05')}")
         print(f"{r['target']}{' portable' if r.get('portable') else ''} {r['kernel']} {r['dtype']} w{r['num_warps']} "
               f"s{r['num_stages']} [{knobs}]: {status}", flush=True)
     print(f"# {len(records)} variants, {failures} failed")
@@ -335,9 +364,10 @@ def selftest() -> int:
     sm100_ok = sm100_ok and _report([dict(without, tcgen05=0)]) == 1
     print("selftest: sm100 tcgen05 rule on a compiled GEMM", "ok" if sm100_ok else "FAILED")
     # The tensor-core rule on synthetic records: sm100 wants tcgen05, sm90 HGMMA, sm86 HMMA; the
-    # Gluon kernel belongs to sm90 only.
+    # Gluon kernel belongs to sm90 only; the FP8 GEMM wants QGMMA on sm90, QMMA on sm89.
     record = {"kernel": "grouped_gemm_kernel", "dtype": "bf16", "target": "sm90", "hgmma": 0, "hmma": 16, "tcgen05": 0}
     sm100 = dict(record, target="sm100")
+    fp8 = dict(record, kernel="grouped_gemm_fp8_kernel", dtype="fp8e4nv", hmma=0, qgmma=0, qmma=0)
     rules_ok = (_tensor_core_error(record) is not None
                 and _tensor_core_error(dict(record, hgmma=8)) is None
                 and _tensor_core_error(dict(record, tcgen05=8)) is not None
@@ -350,14 +380,19 @@ def selftest() -> int:
                 and _tensor_core_error(dict(sm100, kernel="grouped_gemm_wgrad_kernel", hmma=0)) is not None
                 and _tensor_core_error(dict(sm100, dtype="fp32", hmma=0)) is None
                 and _tensor_core_error(dict(sm100, kernel="gluon_grouped_gemm_kernel", tcgen05=8)) is not None
-                and _tensor_core_error(dict(record, kernel="gluon_grouped_gemm_kernel", hgmma=8)) is None)
+                and _tensor_core_error(dict(record, kernel="gluon_grouped_gemm_kernel", hgmma=8)) is None
+                and _tensor_core_error(dict(fp8, hgmma=8)) is not None
+                and _tensor_core_error(dict(fp8, qgmma=8)) is None
+                and _tensor_core_error(dict(fp8, target="sm89", qmma=8)) is None
+                and _tensor_core_error(dict(fp8, target="sm89", hmma=8)) is not None
+                and _tensor_core_error(dict(fp8, target="sm100", tcgen05=8)) is None)
     print("selftest: tensor-core rules", "ok" if rules_ok else "FAILED")
     return 0 if flagged == 2 and sm100_ok and rules_ok else 1
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--targets", default="90,100,80,86")
+    parser.add_argument("--targets", default="90,100,80,86,89")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--problems", default=None,
                         help="indices into PROBLEMS, comma-separated (default: all)")

@@ -7,7 +7,8 @@ sm90 in bf16 (TMA and, with MOONEP_OPS_PORTABLE=1, the portable path) and sm86 (
 shared memory of the supported GPUs; sm80's configs are the same) in bf16 and fp32 (fp16 takes
 bf16's configs; fp32 takes the same small configs on every GPU, so sm86 bounds its shared
 memory); each target is one background subprocess job (tests/subprocess_jobs.py). sm100
-(Blackwell) in a targeted case: bf16 on its default path, two of the check's problems.
+(Blackwell) in a targeted case: bf16 on its default path, two of the check's problems; the FP8
+kernels (sm89+) on sm89 in another.
 """
 
 import os
@@ -55,6 +56,21 @@ def test_sm100_default_path_compiles_on_tcgen05():
     assert gemms <= kernels, kernels
     assert "gluon_grouped_gemm_kernel" not in kernels
     assert re.search(r"WARP_SPEC=True .*tcgen05 [1-9]", output), output[-4000:]
+
+
+def test_fp8_kernels_compile_for_sm89_with_e4m3_mmas():
+    """The FP8 ops' smallest target, sm89 (99 KiB of shared memory per block, mma.sync on e4m3:
+    QMMA), on both config branches (128-row tiles; 64-row tiles where segments average under 16
+    rows); sm90 (QGMMA) and sm100 (tcgen05) compile them in the jobs above."""
+    args = ["--targets", "89", "--dtypes", "bf16", "--problems", "2,3"]
+    proc = subprocess.run([sys.executable, "scripts/aot_compile_check.py", *args], cwd=subprocess_jobs.ROOT,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, _failed_lines(output) or output[-4000:]
+    fp8 = re.findall(r"^sm89 grouped_gemm_fp8_kernel fp8e4nv .*BLOCK_M=(\d+).* qmma (\d+)", output, re.M)
+    assert {block_m for block_m, _ in fp8} == {"64", "128"}, output[-4000:]
+    assert all(int(qmma) > 0 for _, qmma in fp8)
+    assert re.search(r"^sm89 quantize_rows_kernel bf16", output, re.M)
 
 
 @pytest.mark.subprocess_job("aot_selftest")

@@ -33,11 +33,12 @@ def choose(a, w, fused: bool):
     the down GEMM; else 128-row tiles on two warpgroups. 128 columns: one weight-scale block."""
     from ..triton.grouped_gemm_fp8 import Fp8Config, tma_weights
 
+    cap = capability_of(a)
     if a.shape[0] < 16 * w.shape[0]:
-        cfg = Fp8Config(64, 128, 4, 4) if fused else Fp8Config(64, 128, 4, 3, programs_per_sm=2)
+        # (four stages of the fused GEMM's 64-row tiles take 120 KiB: over sm89's 99 KiB per block)
+        cfg = Fp8Config(64, 128, 4, 4 if cap >= (9, 0) else 3) if fused else Fp8Config(64, 128, 4, 3, programs_per_sm=2)
     else:
         cfg = Fp8Config(128, 128, 8, 3) if fused else Fp8Config(128, 128, 8, 4)
-    cap = capability_of(a)
     return cfg, cap >= (9, 0) and not flags.portable_only() and tma_weights(w)
 
 
