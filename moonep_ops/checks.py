@@ -136,6 +136,12 @@ def check_grouped_gemm(op_name: str, a: torch.Tensor, w: torch.Tensor,
     """``a [NvS, K]``, ``w [G, N, K]``, ``cu_seqlens [G]``; ``a_name``/``w_name`` are the
     argument names the calling op's schema uses (errors must name what the user passed)."""
     _check_tensors(op_name, **{a_name: a, w_name: w, "cu_seqlens": cu_seqlens})
+    _check_gemm_shapes(op_name, a, w, a_name, w_name)
+    _check_operands(op_name, a_name, a, w_name, w, cu_seqlens, w.shape[0])
+
+
+def _check_gemm_shapes(op_name: str, a: torch.Tensor, w: torch.Tensor, a_name: str, w_name: str) -> None:
+    """``a [NvS, K]`` against ``w [G, N, K]``: ranks, at least one group, the same K."""
     _check_rank(op_name, a_name, a, "[NvS, K]")
     _check_rank(op_name, w_name, w, "[G, N, K]")
     _check(w.shape[0] >= 1,
@@ -145,7 +151,6 @@ def check_grouped_gemm(op_name: str, a: torch.Tensor, w: torch.Tensor,
         _fail(op_name, lambda: f"{a_name} is [NvS, K] = {_shape(a)} and {w_name} is [G, N, K] = "
               f"{_shape(w)}: K must match (out = {a_name} @ {w_name}[g].T)"),
     )
-    _check_operands(op_name, a_name, a, w_name, w, cu_seqlens, w.shape[0])
 
 
 def check_out(op_name: str, out: torch.Tensor, shape, dtype: torch.dtype,
@@ -475,15 +480,7 @@ def check_grouped_gemm_fp8(op_name: str, a: torch.Tensor, w: torch.Tensor, w_sca
     """``a [NvS, K]`` bf16/fp16, ``w [G, N, K]`` e4m3fn, ``w_scale [G, ceil(N/128), ceil(K/128)]``
     fp32, ``cu_seqlens [G]`` int32."""
     _check_tensors(op_name, **{a_name: a, w_name: w, scale_name: w_scale, "cu_seqlens": cu_seqlens})
-    _check_rank(op_name, a_name, a, "[NvS, K]")
-    _check_rank(op_name, w_name, w, "[G, N, K]")
-    _check(w.shape[0] >= 1,
-           _fail(op_name, lambda: f"{w_name} must have G >= 1 groups, got shape {_shape(w)}"))
-    _check(
-        a.shape[1] == w.shape[2],
-        _fail(op_name, lambda: f"{a_name} is [NvS, K] = {_shape(a)} and {w_name} is [G, N, K] = "
-              f"{_shape(w)}: K must match (out = {a_name} @ {w_name}[g].T)"),
-    )
+    _check_gemm_shapes(op_name, a, w, a_name, w_name)
     _check_fp8_activations(op_name, a_name, a)
     _check_fp8_weight(op_name, w_name, w, scale_name, w_scale, a_name, a)
     _check_same_device(op_name, a_name, a, cu_seqlens=cu_seqlens)
