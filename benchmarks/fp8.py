@@ -115,11 +115,11 @@ def time_path(fn, out, live, ref, reps, settle_s) -> dict:
 
 def run_shape(shape, padding, meter, reps, settle_s) -> dict:
     x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
-    live, rows = sum(sizes), sum(sizes)
+    live = sum(sizes)
     (qg, sg), (qu, su), (qd, sd) = (fp8.quantize_weight(w) for w in (wg, wu, wd))
     torch_fp8 = TorchFp8(wg, wu, wd)
     out = torch.empty_like(x)
-    row = {"shape": shape.name, "token_padding": padding, "nvs": x.shape[0], "rows": live}
+    row = {"shape": shape.name, "token_padding": padding, "nvs": x.shape[0], "rows": live}  # rows in segments
     row["moonep_bf16"] = time_path(lambda: moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out),
                                    out, live, None, reps, settle_s)
     ref = out[:live].float().clone()
@@ -130,7 +130,7 @@ def run_shape(shape, padding, meter, reps, settle_s) -> dict:
     del qg, qu, qd, torch_fp8
     torch.cuda.empty_cache()
     nbytes = fp8_bytes(sizes, shape)
-    gemm_us = fp8_gemm_pair_us(meter, rows, shape.hidden, shape.inter)
+    gemm_us = fp8_gemm_pair_us(meter, live, shape.hidden, shape.inter)
     read_us, _ = meter.read_us(nbytes)
     row["limit"] = {"us": max(gemm_us, read_us), "bound": "compute" if gemm_us >= read_us else "memory",
                     "gemm_us": gemm_us, "read_us": read_us, "bytes": nbytes}

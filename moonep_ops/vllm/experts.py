@@ -72,23 +72,30 @@ class MoonEPOpsExperts(MoonEPExperts):
               workspace2: torch.Tensor, expert_tokens_meta: mk.ExpertTokensMetadata | None,
               apply_router_weight_on_input: bool) -> None:
         # expert_map is ignored, as in vLLM: MoonEP addresses global [E+B] weight rows.
-        if activation != MoEActivation.SILU:
-            raise NotImplementedError(f"MoonEPOpsExperts: activation {activation} is not SiLU")
         if a1q_scale is not None or a2_scale is not None:
             raise NotImplementedError("MoonEPOpsExperts: quantized activations are not supported")
+        layout, cu_seqlens, route_weights = self._segments(activation, topk_weights, expert_tokens_meta,
+                                                           apply_router_weight_on_input)
+        # w1 is the [E+B, I, H] gate tensor, w2 the [E+B, H, I] down tensor.
+        moonep_experts(hidden_states, w1, layout.full_up_weight, w2, cu_seqlens,
+                       route_weights, out=output)
+
+    def _segments(self, activation: MoEActivation, topk_weights: torch.Tensor,
+                  expert_tokens_meta: mk.ExpertTokensMetadata | None, apply_router_weight_on_input: bool):
+        """What every ``apply`` checks and derives: ``(layout, cu_seqlens, route_weights)``."""
+        name = type(self).__name__
+        if activation != MoEActivation.SILU:
+            raise NotImplementedError(f"{name}: activation {activation} is not SiLU")
         layout = self.weight_layout
         if layout is None:
-            raise RuntimeError("MoonEPOpsExperts: process_weights_after_loading() has not run")
+            raise RuntimeError(f"{name}: process_weights_after_loading() has not run")
         if expert_tokens_meta is None or expert_tokens_meta.expert_num_tokens is None:
-            raise ValueError("MoonEPOpsExperts needs per-row segment lengths in "
+            raise ValueError(f"{name} needs per-row segment lengths in "
                              "expert_tokens_meta.expert_num_tokens (a MoonEP prepare)")
         if topk_weights.dim() != 1:
-            raise ValueError("MoonEPOpsExperts expects route weights in [NvS] row order, got shape "
+            raise ValueError(f"{name} expects route weights in [NvS] row order, got shape "
                              f"{tuple(topk_weights.shape)}: is the prepare/finalize MoonEP's?")
         # Segment ends on the device: no host sync, capture safe.
         cu_seqlens = torch.cumsum(expert_tokens_meta.expert_num_tokens, 0, dtype=torch.int32)
         # Top-1 input-weighted routing (Llama 4) was applied before dispatch.
-        route_weights = None if apply_router_weight_on_input else topk_weights
-        # w1 is the [E+B, I, H] gate tensor, w2 the [E+B, H, I] down tensor.
-        moonep_experts(hidden_states, w1, layout.full_up_weight, w2, cu_seqlens,
-                       route_weights, out=output)
+        return layout, cu_seqlens, None if apply_router_weight_on_input else topk_weights

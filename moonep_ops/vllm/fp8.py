@@ -144,24 +144,12 @@ class MoonEPOpsFp8Experts(MoonEPOpsExperts):
               a2_scale: torch.Tensor | None, workspace13: torch.Tensor,
               workspace2: torch.Tensor, expert_tokens_meta: mk.ExpertTokensMetadata | None,
               apply_router_weight_on_input: bool) -> None:
-        name = type(self).__name__
-        if activation != MoEActivation.SILU:
-            raise NotImplementedError(f"{name}: activation {activation} is not SiLU")
         if a1q_scale is not None or hidden_states.dtype not in (torch.bfloat16, torch.float16):
-            raise NotImplementedError(f"{name} takes BF16/FP16 rows and quantizes them itself; got "
-                                      f"{hidden_states.dtype} rows with a1q_scale "
+            raise NotImplementedError(f"{type(self).__name__} takes BF16/FP16 rows and quantizes them itself; "
+                                      f"got {hidden_states.dtype} rows with a1q_scale "
                                       f"{'set' if a1q_scale is not None else 'None'}")
-        layout = self.weight_layout
-        if layout is None:
-            raise RuntimeError(f"{name}: process_weights_after_loading() has not run")
-        if expert_tokens_meta is None or expert_tokens_meta.expert_num_tokens is None:
-            raise ValueError(f"{name} needs per-row segment lengths in "
-                             "expert_tokens_meta.expert_num_tokens (a MoonEP prepare)")
-        if topk_weights.dim() != 1:
-            raise ValueError(f"{name} expects route weights in [NvS] row order, got shape "
-                             f"{tuple(topk_weights.shape)}: is the prepare/finalize MoonEP's?")
-        cu_seqlens = torch.cumsum(expert_tokens_meta.expert_num_tokens, 0, dtype=torch.int32)
-        route_weights = None if apply_router_weight_on_input else topk_weights
+        layout, cu_seqlens, route_weights = self._segments(activation, topk_weights, expert_tokens_meta,
+                                                           apply_router_weight_on_input)
         # w1 is the [E+B, I, H] gate tensor, w2 the [E+B, H, I] down tensor, all e4m3fn.
         moonep_experts(hidden_states, w1, layout.full_up_weight, w2, cu_seqlens, route_weights,
                        out=output, w_gate_scale=self.w1_scale, w_up_scale=layout.full_up_scale,

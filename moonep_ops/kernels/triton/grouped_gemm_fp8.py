@@ -33,8 +33,6 @@ from .grouped_gemm import (_register_schedule, _work_item, _zero_tail_item, loca
                            store_tile, SMALL_G_MAX, BLOCK_G)
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Fp8Config:
     block_m: int
