@@ -22,3 +22,34 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(max(1, min(torch.get_num_threads(), _cores() // workers)))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _switches_follow_the_environment():
+    """``moonep_ops.flags`` reads the per-call switches once; every test starts from the
+    environment and leaves no switch behind (this fixture is torn down after ``monkeypatch``)."""
+    from moonep_ops import flags
+
+    flags.reload()
+    yield
+    flags.reload()
+
+
+@pytest.fixture
+def switches(monkeypatch):
+    """Set (a string) or clear (None) ``MOONEP_OPS_<NAME>`` switches for the rest of one test:
+    ``switches(PDL="0", PORTABLE=None)``."""
+    from moonep_ops import flags
+
+    def set_switches(**values):
+        for name, value in values.items():
+            if value is None:
+                monkeypatch.delenv(f"MOONEP_OPS_{name}", raising=False)
+            else:
+                monkeypatch.setenv(f"MOONEP_OPS_{name}", value)
+        flags.reload()
+
+    return set_switches

@@ -4,8 +4,8 @@ The README's performance table (default), from ``benchmarks.run --out``: for the
 padding (default 128, the README protocol) a line naming the GPU, the torch and triton versions, the
 date and the timing protocol of the run; a markdown table (shape, NvS, rows in segments, floor µs,
 limit µs, vLLM 0.33 µs (eff), moonep µs (eff), moonep's efficiency against the limit, speedup); the
-geometric-mean speedup of ``moonep`` over ``vllm`` and the range of moonep's efficiencies. Floor: the
-nominal one (757 TFLOP/s, 4.2 TB/s); limit: measured in the same run (:mod:`benchmarks.limit`); a run
+geometric-mean speedup of ``moonep`` over ``vllm`` and the range of moonep's efficiencies; the eager
+host cost per call of both (``host_us``). Floor: the nominal one (757 TFLOP/s, 4.2 TB/s); limit: measured in the same run (:mod:`benchmarks.limit`); a run
 that did not measure it shows "–" there. It replaces the lines between ``<!-- perf-table:begin -->``
 and ``<!-- perf-table:end -->`` in the README and nothing else.
 
@@ -77,7 +77,19 @@ def render(result: dict, padding: int = 128) -> str:
         lines.append(f"| {r['shape']} | {r['nvs']} | {r['rows']} | {r['floor_us']:.0f} | {limit} | {_cell(base)} "
                      f"| {_cell(ours)} | {vs_limit} | {speedup} |")
     lines += ["", _summary_line(speedups, effs, limit_effs)]
+    host = _host_line(result.get("host_us", {}))
+    if host:
+        lines += ["", host]
     return "\n".join(lines) + "\n"
+
+
+def _host_line(host_us: dict) -> str:
+    """Eager host cost per call (inference mode, tiny problem) of moonep against vLLM's composition."""
+    if BASE not in host_us or OURS not in host_us:
+        return ""
+    ours, base = host_us[OURS], host_us[BASE]
+    return (f"Eager host cost per call under `torch.inference_mode()` (a tiny problem, same process): moonep "
+            f"{ours:.0f} µs, vLLM 0.33's composition {base:.0f} µs ({ours / base:.2f}×).")
 
 
 def _summary_line(speedups: list, effs: list, limit_effs: list) -> str:

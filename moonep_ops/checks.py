@@ -391,13 +391,15 @@ def grad_route_weights_dtype(dtype: torch.dtype) -> torch.dtype:
 _PASSED: set = set()
 
 
-def checked(check, op_name: str, *args) -> None:
+def checked(check, op_name: str, *args) -> tuple:
     """``check(op_name, *args)`` once per static signature of ``args`` (tensors or None; eager
-    calls only: symbolic sizes are not hashable, so fakes call the checks directly)."""
+    calls only: symbolic sizes are not hashable, so fakes call the checks directly). Returns that
+    signature: launch plans of the same call key on it instead of computing their own."""
     key = (check, op_name, signature(*args))
     if key not in _PASSED:
         check(op_name, *args)
         _PASSED.add(key)
+    return key
 
 
 def debug_checks(op_name: str, cu_seqlens: torch.Tensor, num_rows: int) -> None:

@@ -1,8 +1,9 @@
 """Every ``MOONEP_OPS_*`` switch, parsed one way.
 
-Read at call time (a test or a user may flip one between calls), except ``FAST_LAUNCH`` (read
-at import). A set variable is off when it is ``""``, ``0``, ``false``, ``no`` or ``off`` (any
-case), on otherwise.
+The switches that the kernels consult on every call are read once, at the first call that needs
+them (an environment lookup per switch per call is a measurable part of an eager call's host
+cost); after changing one in a running process, call :func:`reload`. A set variable is off when
+it is ``""``, ``0``, ``false``, ``no`` or ``off`` (any case), on otherwise.
 
 | variable | default | effect |
 | --- | --- | --- |
@@ -11,10 +12,11 @@ case), on otherwise.
 | ``MOONEP_OPS_GLUON`` | on | the warp-specialized Gluon kernels for the sm90 forward GEMMs |
 | ``MOONEP_OPS_PDL`` | on | the experts op's down GEMM as a programmatic dependent launch (sm90) |
 | ``MOONEP_OPS_FAST_LAUNCH`` | on | launch cached compiled kernels directly (skip Triton's per-call binding) |
-| ``MOONEP_OPS_DISABLE_VLLM_PLUGIN`` | off | the vLLM plugin installs nothing |
+| ``MOONEP_OPS_DISABLE_VLLM_PLUGIN`` | off | the vLLM plugin installs nothing (read when vLLM loads plugins) |
 """
 
 import os
+from typing import NamedTuple, Optional
 
 DEBUG = "MOONEP_OPS_DEBUG"
 PORTABLE = "MOONEP_OPS_PORTABLE"
@@ -28,30 +30,55 @@ _OFF = ("", "0", "false", "no", "off")
 
 
 def enabled(name: str, default: bool = False) -> bool:
+    """The switch ``name`` as the environment sets it now."""
     value = os.environ.get(name)
     if value is None:
         return default
     return value.strip().lower() not in _OFF
 
 
+class Switches(NamedTuple):
+    """The per-call switches, as :func:`reload` last read them (hashable: launch plans key on it)."""
+    debug: bool
+    portable: bool
+    gluon: bool
+    pdl: bool
+    fast_launch: bool
+
+
+_current: Optional[Switches] = None
+
+
+def reload() -> Switches:
+    """Read the per-call switches from the environment again (after changing one in-process)."""
+    global _current
+    _current = Switches(debug=enabled(DEBUG), portable=enabled(PORTABLE), gluon=enabled(GLUON, default=True),
+                        pdl=enabled(PDL, default=True), fast_launch=enabled(FAST_LAUNCH, default=True))
+    return _current
+
+
+def current() -> Switches:
+    return _current if _current is not None else reload()
+
+
 def debug_checks() -> bool:
-    return enabled(DEBUG)
+    return current().debug
 
 
 def portable_only() -> bool:
-    return enabled(PORTABLE)
+    return current().portable
 
 
 def gluon() -> bool:
-    return enabled(GLUON, default=True)
+    return current().gluon
 
 
 def pdl() -> bool:
-    return enabled(PDL, default=True)
+    return current().pdl
 
 
 def fast_launch() -> bool:
-    return enabled(FAST_LAUNCH, default=True)
+    return current().fast_launch
 
 
 def vllm_plugin_disabled() -> bool:

@@ -48,6 +48,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime import jit as triton_jit  # noqa: E402
 
 import moonep_ops  # noqa: E402,F401  (registers the ops)
+from moonep_ops import flags  # noqa: E402
 from moonep_ops.kernels.cuda import fp8 as cuda_fp8, paths, register as cuda  # noqa: E402
 
 # Opt-in shared memory per block (bytes): H100/H200, A100, the consumer/Ada parts, and B200
@@ -177,6 +178,7 @@ def forced_capability(capability, compiler: Compiler, portable: bool):
     paths.capability_of = cuda.capability_of = cuda_fp8.capability_of = lambda t: capability
     triton_jit.JITFunction.run = lambda fn, *args, **kwargs: compiler.run(fn, *args, **kwargs)
     os.environ["MOONEP_OPS_PORTABLE"] = "1" if portable else "0"
+    flags.reload()
     try:
         yield
     finally:
@@ -185,6 +187,7 @@ def forced_capability(capability, compiler: Compiler, portable: bool):
             os.environ.pop("MOONEP_OPS_PORTABLE", None)
         else:
             os.environ["MOONEP_OPS_PORTABLE"] = portable_env
+        flags.reload()
 
 
 def _empty(*shape, dtype):

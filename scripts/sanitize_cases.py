@@ -28,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import moonep_ops  # noqa: E402,F401
+from moonep_ops import flags  # noqa: E402
 from tests.fuzz_strategies import OPS, Problem, check  # noqa: E402
 from tests.test_bad_input_cuda import BAD_VALUES, base_tensors, cu_tensor, value_calls  # noqa: E402
 
@@ -74,6 +75,7 @@ def _run(name, fn, results):
 def _set_mode(mode: str) -> None:
     os.environ["MOONEP_OPS_PORTABLE"] = "1" if mode == "portable" else "0"
     os.environ["MOONEP_OPS_GLUON"] = "0" if mode == "triton" else "1"
+    flags.reload()
 
 
 def main():

@@ -79,7 +79,7 @@ def test_the_check_flags_an_oversized_config_and_a_missing_tensor_core_path():
     assert returncode == 0, output[-4000:]
 
 
-def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys, monkeypatch):
+def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys, switches):
     """scripts/aot_dump.py (a development tool) compiles the variant a problem takes and reports
     its wgmma pipeline: the fused gate/up kernel issues async wgmma for both products (the Triton
     kernel with ``MOONEP_OPS_GLUON=0``, else the Gluon one)."""
@@ -98,7 +98,7 @@ def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys, monkeypatch):
         printed = capsys.readouterr().out
         assert "gluon_grouped_gemm_kernel sm90" in printed and "'FUSED': True" in printed, printed
         assert re.search(r"wgmma\.mma_async [1-9]", printed), printed
-    monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
+    switches(GLUON="0")
     assert aot_dump.main(args + ["--out", str(tmp_path / "triton")]) == 0
     printed = capsys.readouterr().out
     assert "'FUSED': True" in printed and "'USE_TMA': True" in printed, printed

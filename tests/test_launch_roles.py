@@ -11,17 +11,16 @@ from moonep_ops.kernels.pdl import PdlRole
 from moonep_ops.kernels.triton import grouped_gemm as triton_gemm
 
 NONE, PRIMARY, DEPENDENT = PdlRole.NONE, PdlRole.PRIMARY, PdlRole.DEPENDENT
-SWITCHES = ("MOONEP_OPS_GLUON", "MOONEP_OPS_PORTABLE", "MOONEP_OPS_PDL")
+DEFAULTS = dict(GLUON=None, PORTABLE=None, PDL=None)  # every kernel switch at its default
 
 
 @pytest.fixture
-def recorded(monkeypatch):
+def recorded(monkeypatch, switches):
     """The Triton launcher's calls: (fused, role)."""
     calls = []
     monkeypatch.setattr(triton_gemm, "run",
                         lambda a, w, w_up, *args, role=NONE, **kw: calls.append((w_up is not None, role)))
-    for var in SWITCHES:
-        monkeypatch.delenv(var, raising=False)
+    switches(**DEFAULTS)
     return calls
 
 
@@ -38,8 +37,8 @@ def test_experts_pairs_its_gemms_as_primary_and_dependent(recorded):
     assert recorded == [(True, PRIMARY), (False, DEPENDENT)]
 
 
-def test_pdl_switch_off(recorded, monkeypatch):
-    monkeypatch.setenv("MOONEP_OPS_PDL", "0")
+def test_pdl_switch_off(recorded, switches):
+    switches(PDL="0")
     _experts()
     assert recorded == [(True, NONE), (False, NONE)]
 
@@ -79,7 +78,7 @@ def on_sm90(monkeypatch, recorded):
     gluon_calls = []
 
     def run(a, w, w_up, rw, cu, out, choose, *, zero_tail=True, role=NONE, idle_weights=None, tail_out=None,
-            handoff=None):
+            handoff=None, key=None):
         cfg = choose(a, w, w_up, out)
         if cfg is None:
             return host.GluonResult.NOT_APPLICABLE
@@ -141,9 +140,9 @@ def test_experts_down_gemm_gets_the_route_weights_as_idle_rows(on_sm90):
     assert [(c.route_weights, c.idle_weights) for c in gluon_calls] == [(None, None)]
 
 
-def test_gluon_pair_without_pdl(on_sm90, monkeypatch):
+def test_gluon_pair_without_pdl(on_sm90, switches):
     gluon_calls, _ = on_sm90
-    monkeypatch.setenv("MOONEP_OPS_PDL", "0")
+    switches(PDL="0")
     _experts(h=64, i=32, dtype=torch.bfloat16)
     assert _roles(gluon_calls) == [(True, False, NONE), (False, True, NONE)]
 
@@ -159,9 +158,9 @@ def test_gluon_fused_then_triton_down_is_asked_for_the_pdl_pair(on_sm90):
     assert triton_calls == [(False, DEPENDENT)]
 
 
-def test_gluon_switch_off_gives_the_triton_pair_with_pdl(on_sm90, monkeypatch):
+def test_gluon_switch_off_gives_the_triton_pair_with_pdl(on_sm90, switches):
     gluon_calls, triton_calls = on_sm90
-    monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
+    switches(GLUON="0")
     _experts(h=64, i=32, dtype=torch.bfloat16)
     assert gluon_calls == [] and triton_calls == [(True, PRIMARY), (False, DEPENDENT)]
 
@@ -176,10 +175,9 @@ def test_operands_tma_cannot_address_take_the_triton_kernels(on_sm90):
     assert gluon_calls == [] and triton_calls[-1] == (False, NONE)
 
 
-def test_gluon_choice_reads_metadata_only(monkeypatch):
+def test_gluon_choice_reads_metadata_only(monkeypatch, switches):
     _gluon_or_skip()
-    for var in SWITCHES:
-        monkeypatch.delenv(var, raising=False)
+    switches(**DEFAULTS)
     a = torch.randn(256, 64, dtype=torch.bfloat16)
     w = torch.randn(2, 32, 64, dtype=torch.bfloat16)
     out = torch.empty(256, 32, dtype=torch.bfloat16)
@@ -195,32 +193,31 @@ def test_gluon_choice_reads_metadata_only(monkeypatch):
     assert not usable((9, 0), a[:, :0], out, w[:, :, :0])  # K = 0
     odd = torch.randn(256, 68, dtype=torch.bfloat16)[:, :64]  # 136-byte rows
     assert not usable((9, 0), odd, out, w)
-    monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
+    switches(GLUON="0")
     assert not usable((9, 0), a, out, w)
-    monkeypatch.setenv("MOONEP_OPS_GLUON", "1")
-    monkeypatch.setenv("MOONEP_OPS_PORTABLE", "1")
+    switches(GLUON="1")
+    switches(PORTABLE="1")
     assert not usable((9, 0), a, out, w)
 
 
-def test_self_check_names_the_kernel_path(monkeypatch):
+def test_self_check_names_the_kernel_path(switches):
     """``python -m moonep_ops`` reports which forward kernels the device takes."""
     from moonep_ops.__main__ import _kernel_path
 
-    for var in SWITCHES:
-        monkeypatch.delenv(var, raising=False)
+    switches(**DEFAULTS)
     gpu = torch.device("cuda")
     assert _kernel_path(torch.device("cpu"), torch.float32).startswith("CPU kernels")
     assert _kernel_path(gpu, torch.bfloat16, (8, 0)) == "portable Triton kernels"
     assert _kernel_path(gpu, torch.float32, (9, 0)) == "portable Triton kernels"
     if paths.gluon_host() is not None:
         assert "Gluon" in _kernel_path(gpu, torch.bfloat16, (9, 0))
-    monkeypatch.setenv("MOONEP_OPS_GLUON", "0")
+    switches(GLUON="0")
     assert _kernel_path(gpu, torch.bfloat16, (9, 0)) == "Triton kernels with TMA loads"
 
 
-def test_empty_reduction_takes_no_tma(monkeypatch):
+def test_empty_reduction_takes_no_tma(monkeypatch, switches):
     """K = 0: a TMA descriptor needs every extent > 0; the pointer path computes the zeros."""
-    monkeypatch.delenv("MOONEP_OPS_PORTABLE", raising=False)
+    switches(PORTABLE=None)
     monkeypatch.setattr(paths, "capability_of", lambda t: (9, 0))
     a, w = torch.empty(256, 64, dtype=torch.bfloat16), torch.empty(2, 64, 64, dtype=torch.bfloat16)
     assert triton_gemm.tma_usable(a, w)
@@ -232,20 +229,19 @@ def test_empty_reduction_takes_no_tma(monkeypatch):
     assert not triton_gemm.tma_usable_kn(a[:0], w_kn[:0], 64)
 
 
-def test_down_gemm_zeroes_the_tail_unless_the_fused_gemm_took_it(monkeypatch):
+def test_down_gemm_zeroes_the_tail_unless_the_fused_gemm_took_it(monkeypatch, switches):
     """The experts op's output tail is zeroed exactly once: by the fused Gluon GEMM when its config
     takes it (``RAN_AND_ZEROED_TAIL_OUT``), else by the down GEMM, on whichever kernel that runs (a
     Triton down GEMM after a Gluon fused one included)."""
     _gluon_or_skip()
     host = paths.gluon_host()
     monkeypatch.setattr(paths, "capability_of", lambda t: (9, 0))
-    for var in SWITCHES:
-        monkeypatch.delenv(var, raising=False)
+    switches(**DEFAULTS)
     for takes, down_on_gluon in ((True, True), (False, True), (True, False)):
         calls = []
 
         def run(a, w, w_up, rw, cu, out, choose, *, zero_tail=True, role=NONE, idle_weights=None, tail_out=None,
-                handoff=None):
+                handoff=None, key=None):
             if w_up is None and not down_on_gluon:
                 return host.GluonResult.NOT_APPLICABLE
             calls.append(("gluon", w_up is not None, zero_tail, tail_out is not None))

@@ -2,7 +2,7 @@
 sweep's summary (benchmarks/sweep_summary.py) from a sweep JSON, on CPU.
 
 Small synthetic results (not the committed ones): the table's cells (floor, measured limit and the
-efficiency against it), the geometric mean, the rows of the other padding left out, a result without
+efficiency against it), the geometric mean, the eager host cost line, the rows of the other padding left out, a result without
 a limit, a README whose text outside the markers stays as it was; the sweep's worst case, spread and
 worst per bound; its deterministic case list.
 """
@@ -46,6 +46,15 @@ def test_the_table_says_what_the_json_says():
     assert "| 200 | 200 |" not in text  # the unpadded row
     assert ("Geometric-mean speedup 1.79× (1.60–2.00×); efficiency of moonep against the floor 0.80–1.00, "
             "against the measured limit 0.88–0.90.") in text
+
+
+def test_the_host_cost_line_comes_from_the_json():
+    result = json.loads(json.dumps(RESULT))
+    result["host_us"] = {"vllm": 100.0, "moonep": 45.4, "moonep (grad mode)": 60.0}
+    assert report.render(result).endswith(
+        "Eager host cost per call under `torch.inference_mode()` (a tiny problem, same process): moonep 45 µs, "
+        "vLLM 0.33's composition 100 µs (0.45×).\n")
+    assert "Eager host cost" not in report.render(RESULT)
 
 
 def test_a_path_that_failed_is_shown_and_left_out_of_the_mean():

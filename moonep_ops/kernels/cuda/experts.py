@@ -16,7 +16,9 @@ from ..pdl import PdlRole
 from . import paths
 
 
-def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
+def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out, *, key=None) -> None:
+    """``key``: the call's static signature (the checks' one), which fixes every operand's layout;
+    the pair's launch plans key on it (None: they compute their own)."""
     cu = paths.contiguous(cu_seqlens)
     rw = paths.contiguous(route_weights)
     act = torch.empty((x.shape[0], w_gate.shape[1]), dtype=x.dtype, device=x.device)
@@ -24,32 +26,35 @@ def experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> Non
     # PDL only when the fused kernel does launch (I > 0), so that it is the kernel right before
     # the down GEMM (NvS = 0 launches neither).
     pdl = flags.pdl() and w_gate.shape[1] > 0
-    handoff = _handoff(x, w_gate, w_up, w_down, act, out) if pdl and gluon else None
+    handoff = _handoff(x, w_gate, w_up, w_down, act, out, key) if pdl and gluon else None
     zeroed_out_tail = paths.run_fused(x, w_gate, w_up, rw, cu, act, zero_tail=False, gluon=gluon,
-                                      role=PdlRole.PRIMARY if pdl else PdlRole.NONE, tail_out=out, handoff=handoff)
+                                      role=PdlRole.PRIMARY if pdl else PdlRole.NONE, tail_out=out, handoff=handoff,
+                                      key=None if key is None else (key, "fused"))
     # act's rows with route weight 0 are zero (silu(gate) * up * 0), so their output rows are too:
     # the down GEMM may skip them like the fused one did (the Gluon kernel's idle upper halves).
     paths.run_unfused(act, w_down, cu, out, role=PdlRole.DEPENDENT if pdl else PdlRole.NONE, idle_weights=rw,
-                      zero_tail=not zeroed_out_tail, handoff=handoff, gluon=gluon)
+                      zero_tail=not zeroed_out_tail, handoff=handoff, gluon=gluon,
+                      key=None if key is None else (key, "down"))
 
 
 _FLAG_TARGETS: dict = {}
 
 
-def _handoff(x, w_gate, w_up, w_down, act, out):
+def _handoff(x, w_gate, w_up, w_down, act, out, key):
     """The handoff state for this call (a fresh zeroed buffer), or None where the pair takes none.
     Only called where both GEMMs may run on Gluon."""
-    target = _flag_target(x, w_gate, w_up, w_down, act, out)
+    target = _flag_target(x, w_gate, w_up, w_down, act, out, key)
     if not target:
         return None
     host = paths.gluon_host()
     return host.Handoff(host.handoff_state(x.shape[0], w_gate.shape[0], 128, x.device), target)
 
 
-def _flag_target(x, w_gate, w_up, w_down, act, out) -> int:
+def _flag_target(x, w_gate, w_up, w_down, act, out, key) -> int:
     """The handoff's flag target for these operands (0: no handoff): only where both GEMMs run on
     Gluon, in 128-row tiles, and the fused config asks for it. Memoized per static signature."""
-    key = layout_signature(x, w_gate, w_up, w_down, out)
+    if key is None:
+        key = layout_signature(x, w_gate, w_up, w_down, out)
     target = _FLAG_TARGETS.get(key)
     if target is None:
         target = 0

@@ -131,32 +131,33 @@ def choose_dual_dgrad(grad_gate, wg_t, wu_t, grad_up):
 
 
 def run_unfused(a, w, cu, out, *, role: PdlRole = PdlRole.NONE, idle_weights=None, zero_tail: bool = True,
-                handoff=None, gluon: bool = None) -> None:
+                handoff=None, gluon: bool = None, key=None) -> None:
     """``out[seg_g] = a[seg_g] @ w[g].T`` on the Gluon kernel when it applies, else the Triton one
     (``idle_weights`` and ``handoff``: Gluon only, see :func:`..gluon.host.kernel_args`; ``gluon``:
-    :func:`gluon_wanted` when the caller has it already)."""
+    :func:`gluon_wanted` when the caller has it already; ``key``: the call's static signature when
+    the caller has one, which must fix the layout of every operand here)."""
     if gluon_wanted(capability_of(a), a.dtype) if gluon is None else gluon:
         host = gluon_host()
         ran = host.run(a, w, None, None, cu, out, choose_gluon_unfused, zero_tail=zero_tail, role=role,
-                       idle_weights=idle_weights, handoff=handoff)
+                       idle_weights=idle_weights, handoff=handoff, key=key)
         if ran is not host.GluonResult.NOT_APPLICABLE:
             return
     from ..triton import grouped_gemm
 
-    grouped_gemm.run(a, w, None, None, cu, out, choose_unfused, zero_tail=zero_tail, role=role)
+    grouped_gemm.run(a, w, None, None, cu, out, choose_unfused, zero_tail=zero_tail, role=role, key=key)
 
 
 def run_fused(x, w_gate, w_up, route_weights, cu, out, *, zero_tail: bool = True, role: PdlRole = PdlRole.NONE,
-              tail_out=None, handoff=None, gluon: bool = None) -> bool:
+              tail_out=None, handoff=None, gluon: bool = None, key=None) -> bool:
     """The fused SwiGLU GEMM on the Gluon kernel when it applies, else the Triton one. Returns
     whether it also zeroed ``tail_out``'s tail rows (a Gluon config that ``takes_out_tail``)."""
     if gluon_wanted(capability_of(x), x.dtype) if gluon is None else gluon:
         host = gluon_host()
         ran = host.run(x, w_gate, w_up, route_weights, cu, out, choose_gluon_fused, zero_tail=zero_tail, role=role,
-                       tail_out=tail_out, handoff=handoff)
+                       tail_out=tail_out, handoff=handoff, key=key)
         if ran is not host.GluonResult.NOT_APPLICABLE:
             return ran is host.GluonResult.RAN_AND_ZEROED_TAIL_OUT
     from ..triton import grouped_gemm
 
-    grouped_gemm.run(x, w_gate, w_up, route_weights, cu, out, choose_fused, zero_tail=zero_tail, role=role)
+    grouped_gemm.run(x, w_gate, w_up, route_weights, cu, out, choose_fused, zero_tail=zero_tail, role=role, key=key)
     return False

@@ -18,12 +18,13 @@ from .paths import (capability_of, choose_dgrad, choose_dual_dgrad, choose_fused
                     run_fused, run_unfused)
 
 
-def _validate(check, op_name: str, cu_seqlens, *args) -> None:
+def _validate(check, op_name: str, cu_seqlens, *args) -> tuple:
     """``check(op_name, *args)`` once per static signature (metadata only), and the values of
     ``cu_seqlens`` against the rows of ``args[0]`` when ``MOONEP_OPS_DEBUG`` asks for them (they
-    sync the host)."""
-    checks.checked(check, op_name, *args)
+    sync the host). Returns the signature (the launch plans' key)."""
+    key = checks.checked(check, op_name, *args)
     checks.debug_checks(op_name, cu_seqlens, args[0].shape[0])
+    return key
 
 
 def _empty(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
@@ -31,18 +32,18 @@ def _empty(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
 
 
 def grouped_gemm(a, w, cu_seqlens):
-    _validate(checks.check_grouped_gemm, "grouped_gemm", cu_seqlens, a, w, cu_seqlens)
+    key = _validate(checks.check_grouped_gemm, "grouped_gemm", cu_seqlens, a, w, cu_seqlens)
     out = _empty((a.shape[0], w.shape[1]), a)
     with on_device(a):
-        run_unfused(a, w, contiguous(cu_seqlens), out)
+        run_unfused(a, w, contiguous(cu_seqlens), out, key=key)
     return out
 
 
 def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
-    _validate(checks.check_grouped_gemm_out, "grouped_gemm_out", cu_seqlens, a, w, cu_seqlens, out)
+    key = _validate(checks.check_grouped_gemm_out, "grouped_gemm_out", cu_seqlens, a, w, cu_seqlens, out)
     checks.check_grouped_gemm_out_overlap("grouped_gemm_out", a, w, cu_seqlens, out)
     with on_device(a):
-        run_unfused(a, w, contiguous(cu_seqlens), out)
+        run_unfused(a, w, contiguous(cu_seqlens), out, key=key)
 
 
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
@@ -58,11 +59,11 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
 
 
 def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
-    _validate(checks.check_grouped_gemm_silu_mul, "grouped_gemm_silu_mul", cu_seqlens,
-              x, w_gate, w_up, route_weights, cu_seqlens)
+    key = _validate(checks.check_grouped_gemm_silu_mul, "grouped_gemm_silu_mul", cu_seqlens,
+                    x, w_gate, w_up, route_weights, cu_seqlens)
     out = _empty((x.shape[0], w_gate.shape[1]), x)
     with on_device(x):
-        run_fused(x, w_gate, w_up, contiguous(route_weights), contiguous(cu_seqlens), out)
+        run_fused(x, w_gate, w_up, contiguous(route_weights), contiguous(cu_seqlens), out, key=key)
     return out
 
 
@@ -80,20 +81,20 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
 
 
 def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
-    _validate(checks.check_experts, "experts", cu_seqlens,
-              x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    key = _validate(checks.check_experts, "experts", cu_seqlens,
+                    x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     out = _empty(x.shape, x)
     with on_device(x):
-        experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+        experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out, key=key)
     return out
 
 
 def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
-    _validate(checks.check_experts_out, "experts_out", cu_seqlens,
-              x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+    key = _validate(checks.check_experts_out, "experts_out", cu_seqlens,
+                    x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     checks.check_experts_out_overlap("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     with on_device(x):
-        experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+        experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out, key=key)
 
 
 # Backward ops ----------------------------------------------------------------------------------

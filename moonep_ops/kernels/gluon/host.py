@@ -144,10 +144,8 @@ def launch(a, w, cu_seqlens, out, num_programs: int, *, w_up=None, route_weights
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    kernel: object  # the compiled kernel
-    grid: tuple
-    geometries: tuple  # (shape, strides, block, layout) per descriptor, or None
-    constexprs: list  # the kernel's arguments from BLOCK_M on, in order
+    launch: direct.DirectLaunch  # the compiled kernel, its grid and constexprs
+    half_loads: bool  # the ``a_half`` descriptor is passed
     result: GluonResult
 
 
@@ -160,6 +158,12 @@ def _fast_descriptor(base, shape, strides, block_shape, layout):
     desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block_shape, layout=layout,
                          padding="zero")
     return desc
+
+
+def _descriptor_factory(desc):
+    """Builds a descriptor of ``desc``'s geometry on another base tensor."""
+    geometry = (list(desc.shape), list(desc.strides), list(desc.block_shape), desc.layout)
+    return lambda base: _fast_descriptor(base, *geometry)
 
 
 def _num_programs(device: torch.device) -> int:
@@ -179,27 +183,31 @@ def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role,
     grid = (max(1, min(_num_programs(a.device), items)),)
     kernel = _compile_and_launch(grid, kwargs, role)
     names = gluon_grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
-    geometries = tuple(None if d is None else (list(d.shape), list(d.strides), list(d.block_shape), d.layout)
-                       for d in descs)
+    factories = {index: _descriptor_factory(d) for index, d in enumerate(descs) if d is not None}
+    launch = direct.DirectLaunch(kernel, grid, [kwargs[name] for name in names[names.index("BLOCK_M"):]], factories)
     result = GluonResult.RAN if tail is None else GluonResult.RAN_AND_ZEROED_TAIL_OUT
-    return _Plan(kernel, grid, geometries, [kwargs[name] for name in names[names.index("BLOCK_M"):]], result)
+    return _Plan(launch, descs[5] is not None, result)
 
 
 def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool = True,
-        role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None) -> GluonResult:
+        role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None,
+        key=None) -> GluonResult:
     """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
     SwiGLU GEMM (arguments as in :func:`kernel_args`). ``choose(a, w, w_up, out) -> GluonConfig |
     None`` runs once per static signature (None: not for this kernel). The first call per
     signature compiles and launches through Triton's JIT; later calls launch the compiled kernel
-    directly (:mod:`..launch`), with descriptors rebuilt from the cached geometry."""
+    directly (:mod:`..launch`). ``key``: the caller's static signature of these operands, when
+    it has one (it must fix every operand's layout); else this computes one."""
     if w.shape[1] == 0:
         return GluonResult.RAN
     if a.shape[0] == 0:  # no rows: no tail either
         return GluonResult.RAN if tail_out is None else GluonResult.RAN_AND_ZEROED_TAIL_OUT
     w_up_or_w = w if w_up is None else w_up
     rw = _weights_ptr(a, route_weights, idle_weights)
-    key = (layout_signature(a, w, w_up_or_w, out, rw, cu_seqlens, tail_out, None if handoff is None else handoff.state),
-           w_up is None, route_weights is None, idle_weights is None, choose, zero_tail, role,
+    if key is None:
+        key = layout_signature(a, w, w_up_or_w, out, rw, cu_seqlens, tail_out,
+                               None if handoff is None else handoff.state)
+    key = (key, w_up is None, route_weights is None, idle_weights is None, choose, zero_tail, role,
            None if handoff is None else handoff.flag_target)
     plan = _PLANS.get(key)
     if plan is None:
@@ -209,17 +217,14 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
             return GluonResult.NOT_APPLICABLE
         plan = _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights, tail_out,
                           handoff)
-        if direct.ENABLED and hasattr(plan.kernel, "run"):
+        if direct.enabled() and hasattr(plan.launch.kernel, "run"):
             _PLANS[key] = plan
         return plan.result
     if plan is GluonResult.NOT_APPLICABLE:
         return plan
     zeroed = tail_out if plan.result is GluonResult.RAN_AND_ZEROED_TAIL_OUT else out
-    descs = [None if geo is None else _fast_descriptor(t, *geo)
-             for t, geo in zip((a, w, w_up_or_w, out, zeroed, a), plan.geometries)]
     g, n, k = w.shape
-    handoff_state = cu_seqlens if handoff is None else handoff.state
-    direct.launch_compiled(plan.kernel, plan.grid,
-                           [*descs, out, rw, cu_seqlens, handoff_state, g, a.shape[0], n, k, out.stride(0),
-                            zeroed.shape[1], 0 if handoff is None else handoff.flag_target, *plan.constexprs])
+    plan.launch([a, w, w_up_or_w, out, zeroed, a if plan.half_loads else None, out, rw, cu_seqlens,
+                 cu_seqlens if handoff is None else handoff.state, g, a.shape[0], n, k, out.stride(0),
+                 zeroed.shape[1], 0 if handoff is None else handoff.flag_target])
     return plan.result

@@ -464,10 +464,13 @@ class Plan:
     descs: tuple  # (shape, strides, block) of a, w, w_up, a_up, out for TMA, or None each
     launch_pdl: bool = False  # launched as a programmatic dependent of the previous kernel
 
-    def args(self, a, w, w_up, a_up, rw, out, gate_out, up_out, cu) -> list:
-        descs = [None if geo is None else direct.tensor_descriptor(t, *geo)
-                 for t, geo in zip((a, w, w_up, a_up, out), self.descs)]
-        return [a, w, w_up, a_up, rw, out, gate_out, up_out, cu, *descs, *self.ints]
+    def args(self, a, w, w_up, a_up, rw, out, gate_out, up_out, cu, descriptors: bool = True) -> list:
+        """The runtime arguments; ``descriptors=False``: each TMA descriptor's base tensor in its
+        place (what :class:`..launch.DirectLaunch` takes)."""
+        bases = [None if geo is None else t for t, geo in zip((a, w, w_up, a_up, out), self.descs)]
+        if descriptors:
+            bases = [None if geo is None else direct.tensor_descriptor(t, *geo) for t, geo in zip(bases, self.descs)]
+        return [a, w, w_up, a_up, rw, out, gate_out, up_out, cu, *bases, *self.ints]
 
 
 _FIRST_DESC = 9  # index of the first descriptor in Plan.args
@@ -577,29 +580,41 @@ def launch(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: to
 _PLANS: dict = {}
 
 
+def _direct_launch(plan: Plan, kernel) -> direct.DirectLaunch:
+    factories = {_FIRST_DESC + i: functools.partial(_descriptor_on, geo)
+                 for i, geo in enumerate(plan.descs) if geo is not None}
+    return direct.DirectLaunch(kernel, plan.grid, list(plan.constexprs.values()), factories)
+
+
+def _descriptor_on(geometry, base):
+    return direct.tensor_descriptor(base, *geometry)
+
+
 def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, a_up=None, saved=None, zero_tail: bool = True,
-        role: PdlRole = PdlRole.NONE) -> None:
+        role: PdlRole = PdlRole.NONE, key=None) -> None:
     """The CUDA ops' entry. ``choose(a, w, w_up, a_up) -> (GemmConfig, use_tma)`` (a module-level
     function) runs once per static signature and ``MOONEP_OPS_PORTABLE``; later calls reuse the
-    plan and the compiled kernel (:mod:`..launch`)."""
+    plan and the compiled kernel (:mod:`..launch`). ``key``: the caller's static signature of these
+    operands, when it has one (it must fix every operand's layout); else this computes one."""
     if a.shape[0] == 0 or w.shape[1] == 0:
         return
     w_up_arg = w if w_up is None else w_up
     rw = a if route_weights is None else route_weights
     a_up_arg = a if a_up is None else a_up
     gate_out, up_out = (out, out) if saved is None else saved
-    key = (layout_signature(a, w, w_up_arg, a_up_arg, rw, out, gate_out, up_out, cu_seqlens), w_up is None,
-           a_up is None, route_weights is None, saved is None, choose, flags.portable_only(), zero_tail, role)
-    entry = _PLANS.get(key)
-    if entry is None:
+    if key is None:
+        key = layout_signature(a, w, w_up_arg, a_up_arg, rw, out, gate_out, up_out, cu_seqlens)
+    key = (key, w_up is None, a_up is None, route_weights is None, saved is None, choose, flags.portable_only(),
+           zero_tail, role)
+    launch = _PLANS.get(key)
+    if launch is None:
         plan = make_plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a_up), a_up, saved, zero_tail, role)
         kernel = _compile_and_launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a_up, saved)
-        if direct.ENABLED and hasattr(kernel, "run"):
-            _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
+        if direct.enabled() and hasattr(kernel, "run"):
+            _PLANS[key] = (plan, _direct_launch(plan, kernel))
         return
-    plan, kernel, constexpr_values = entry
-    args = plan.args(a, w, w_up_arg, a_up_arg, rw, out, gate_out, up_out, cu_seqlens)
-    direct.launch_compiled(kernel, plan.grid, args + constexpr_values)
+    plan, launch = launch
+    launch(plan.args(a, w, w_up_arg, a_up_arg, rw, out, gate_out, up_out, cu_seqlens, descriptors=False))
 
 
 def launch_grouped_gemm(a, w, cu_seqlens, out, cfg: GemmConfig, use_tma: bool = False, zero_tail=True,

@@ -21,6 +21,7 @@ see another segment's (or the tail's) values.
 """
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -214,10 +215,15 @@ class Plan:
     num_stages: int
     geos: tuple  # (shape, strides, block) of the TMA views of a, w, w_up, or None
 
-    def args(self, a, a_scale, w, w_scale, w_up, w_up_scale, rw, out, out_scale, cu,
-             descriptor=direct.tensor_descriptor):
-        descs = [None if geo is None else descriptor(t, *geo) for t, geo in zip((a, w, w_up), self.geos)]
+    def args(self, a, a_scale, w, w_scale, w_up, w_up_scale, rw, out, out_scale, cu, descriptor=None):
+        """The runtime arguments; ``descriptor`` None: each TMA descriptor's base tensor in its
+        place (what :class:`..launch.DirectLaunch` takes)."""
+        descs = [None if geo is None else t if descriptor is None else descriptor(t, *geo)
+                 for t, geo in zip((a, w, w_up), self.geos)]
         return [a, a_scale, w, w_scale, w_up, w_up_scale, rw, out, out_scale, cu, *descs, *self.ints]
+
+
+_FIRST_DESC = 10  # index of the first descriptor in Plan.args
 
 
 def tma_weights(w: torch.Tensor) -> bool:
@@ -283,8 +289,14 @@ def run(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu_seqlens, out
         args = plan.args(*operands, descriptor=TensorDescriptor)  # checked descriptors, first launch only
         kernel = grouped_gemm_fp8_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
                                                     num_stages=plan.num_stages)
-        if direct.ENABLED and hasattr(kernel, "run"):
-            _PLANS[key] = (plan, kernel, list(plan.constexprs.values()))
+        if direct.enabled() and hasattr(kernel, "run"):
+            factories = {_FIRST_DESC + i: functools.partial(_descriptor_on, geo)
+                         for i, geo in enumerate(plan.geos) if geo is not None}
+            _PLANS[key] = (plan, direct.DirectLaunch(kernel, plan.grid, list(plan.constexprs.values()), factories))
         return
-    plan, kernel, constexpr_values = entry
-    direct.launch_compiled(kernel, plan.grid, plan.args(*operands) + constexpr_values)
+    plan, launch = entry
+    launch(plan.args(*operands))
+
+
+def _descriptor_on(geometry, base):
+    return direct.tensor_descriptor(base, *geometry)
