@@ -3,6 +3,8 @@ static metadata: its picks on the BASELINE shapes, pinned on CPU so that CI sees
 (the GPU tests in test_cuda_gluon.py force every config shape on the H200; docs/performance.md
 gives each rule's measurements), and the config's own validation."""
 
+import dataclasses
+
 import pytest
 
 from moonep_ops.kernels.gluon import config as configs
@@ -53,6 +55,21 @@ def test_config_table_picks_each_consumer_scheme():
     assert not any(pick(768, 2048, nvs, fused=True).handoff for nvs in (512, 16384, 33024, 48896))
     assert not any(pick(8192, 5120, nvs, fused=True).handoff for nvs in (2048, 6144))
     assert not any(pick(n, k, nvs, fused=False).handoff for n, k, nvs in ((7168, 2048, 13312), (2048, 768, 48896)))
+
+
+def test_tiny_segments_skip_idle_halves_in_every_config():
+    """Fewer than 64 rows per group (unpadded decode): every pick skips idle upper halves."""
+    pick = configs.gluon_gemm_config
+    for n, k, nvs, g, fused in ((2048, 7168, 1024, 52, True),  # kimi-k2 decode, unpadded
+                                (7168, 2048, 1024, 52, False),
+                                (768, 2048, 512, 132, True), (2048, 768, 512, 132, False),  # qwen3 S=64
+                                (4096, 7168, 32, 132, True), (7168, 4096, 32, 132, False)):  # top-1, 1-row segments
+        assert pick(n, k, nvs, fused, groups=g).skip_idle_half
+        assert pick(n, k, nvs, fused, groups=g) == dataclasses.replace(pick(n, k, nvs, fused), skip_idle_half=True)
+    # 64 rows per group and more: the table's own pick
+    assert not pick(768, 2048, 33024, True, groups=132).skip_idle_half  # qwen3 S=64 padded: 250 per group
+    assert not pick(2048, 768, 16384, False, groups=132).skip_idle_half  # qwen3 S=2048 unpadded: 124
+    assert not pick(4096, 7168, 1024, True, groups=8).skip_idle_half  # 128 per group
 
 
 def test_cooperative_down_gemm_keeps_shared_memory_room_for_long_reductions():

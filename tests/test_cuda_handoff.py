@@ -134,8 +134,8 @@ def test_experts_op_handoff_route(monkeypatch, pair):
     fused_over, down_over, takes_tail = PAIRS[pair]
     table = cfgs.gluon_gemm_config
 
-    def with_handoff(n, k, num_rows, fused):
-        cfg = table(n, k, num_rows, fused)
+    def with_handoff(n, k, num_rows, fused, groups=0):
+        cfg = table(n, k, num_rows, fused, groups)
         over = dict(fused_over, handoff=True, takes_out_tail=takes_tail) if fused else down_over
         return dataclasses.replace(cfg, **over)
 

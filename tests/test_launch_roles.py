@@ -111,8 +111,8 @@ def test_experts_hands_off_row_tiles_only_where_the_fused_config_asks(on_sm90, m
     _experts(h=64, i=32, dtype=torch.bfloat16)
     assert [c.handoff for c in gluon_calls] == [None, None]
     table = config.gluon_gemm_config
-    monkeypatch.setattr(config, "gluon_gemm_config", lambda n, k, rows, fused: dataclasses.replace(
-        table(n, k, rows, fused), **(dict(handoff=True, pingpong=False, block_n=128) if fused else {})))
+    monkeypatch.setattr(config, "gluon_gemm_config", lambda n, k, rows, fused, groups=0: dataclasses.replace(
+        table(n, k, rows, fused, groups), **(dict(handoff=True, pingpong=False, block_n=128) if fused else {})))
     monkeypatch.setattr(experts, "_FLAG_TARGETS", {})
     gluon_calls.clear()
     _experts(h=64, i=32, dtype=torch.bfloat16)

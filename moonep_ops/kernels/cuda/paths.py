@@ -82,7 +82,7 @@ def choose_gluon_unfused(a, w, _w_up, out):
 
     if not _gluon_usable(a, out, w):
         return None
-    return config.gluon_gemm_config(w.shape[1], a.shape[1], a.shape[0], fused=False)
+    return config.gluon_gemm_config(w.shape[1], a.shape[1], a.shape[0], fused=False, groups=w.shape[0])
 
 
 def choose_gluon_fused(x, w_gate, w_up, out):
@@ -90,7 +90,7 @@ def choose_gluon_fused(x, w_gate, w_up, out):
 
     if not _gluon_usable(x, out, w_gate, w_up):
         return None
-    return config.gluon_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], fused=True)
+    return config.gluon_gemm_config(w_gate.shape[1], x.shape[1], x.shape[0], fused=True, groups=w_gate.shape[0])
 
 
 def _use_tma(capability, a, *weights) -> bool:
