@@ -58,7 +58,9 @@ def test_config_table_picks_each_consumer_scheme():
 
 
 def test_tiny_segments_skip_idle_halves_in_every_config():
-    """Fewer than 64 rows per group (unpadded decode): every pick skips idle upper halves."""
+    """Fewer than 64 rows per group (unpadded decode): the picks skip idle upper halves, except
+    the cooperative fused config of long reductions (an expert-parallel rank's buffer: most groups
+    empty, the live segments several row tiles long)."""
     pick = configs.gluon_gemm_config
     for n, k, nvs, g, fused in ((2048, 7168, 1024, 52, True),  # kimi-k2 decode, unpadded
                                 (7168, 2048, 1024, 52, False),
@@ -70,6 +72,8 @@ def test_tiny_segments_skip_idle_halves_in_every_config():
     assert not pick(768, 2048, 33024, True, groups=132).skip_idle_half  # qwen3 S=64 padded: 250 per group
     assert not pick(2048, 768, 16384, False, groups=132).skip_idle_half  # qwen3 S=2048 unpadded: 124
     assert not pick(4096, 7168, 1024, True, groups=8).skip_idle_half  # 128 per group
+    for nvs in (8192, 20480):  # kimi-k2 S=1024 unpadded and padded: G = 388, 52 of them live
+        assert pick(2048, 7168, nvs, True, groups=388) == pick(2048, 7168, nvs, True)
 
 
 def test_cooperative_down_gemm_keeps_shared_memory_room_for_long_reductions():

@@ -49,11 +49,14 @@ class GluonConfig:
 
 
 # Buffers with fewer rows than this per group (segments of a few rows: decode without padding,
-# many experts) skip the idle upper halves of their row tiles in every config: most tiles are one
-# segment's only tile, mostly idle, and the skip halves their loads of ``a`` and their MMAs (on the
-# layout sweep's such cases, 0.59-0.67 of the measured limit before, 0.66-0.93 after). Elsewhere the
-# per-tile idle test delays the producer's loads by more than the skip saves, except where the
-# table below measured otherwise.
+# many experts) skip the idle upper halves of their row tiles: most tiles are one segment's only
+# tile, mostly idle, and the skip halves their loads of ``a`` and their MMAs (on the layout sweep's
+# such cases, 0.55-0.67 of the measured limit before, 0.66-0.93 after). Not in the cooperative
+# fused config of long reductions: there a buffer of an expert-parallel rank has few rows per
+# group (most groups are other ranks' experts, empty) while its live segments span several row
+# tiles, and the skip breaks the step of the programs that share weight tiles (kimi-k2 S=1024:
+# +7%). Elsewhere the per-tile idle test costs more than the skip saves, except where the table
+# below measured otherwise.
 TINY_SEGMENT_ROWS = 64
 
 
@@ -61,7 +64,8 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 
     """The config for ``[num_rows, n]`` outputs with reduction ``k`` (``fused``: the gate/up GEMM)
     over ``groups`` segments (0: unknown)."""
     cfg = _table_config(n, k, num_rows, fused)
-    if num_rows < TINY_SEGMENT_ROWS * groups and not cfg.skip_idle_half:
+    tiny = num_rows < TINY_SEGMENT_ROWS * groups and not (fused and not cfg.pingpong and k >= 4096)
+    if tiny and not cfg.skip_idle_half:
         cfg = dataclasses.replace(cfg, skip_idle_half=True)
     return cfg
 
