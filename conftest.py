@@ -8,6 +8,8 @@ timeout.
 """
 import os
 
+import pytest
+
 
 def _cores() -> int:
     try:
@@ -22,9 +24,6 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(max(1, min(torch.get_num_threads(), _cores() // workers)))
-
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ kernel's C entry point directly. A Triton without that launcher API takes the no
 """
 
 import dataclasses
+import functools
 import inspect
 from typing import Callable
 
@@ -45,6 +46,18 @@ def tensor_descriptor(base, shape, strides, block_shape):
     desc.__dict__.update(_DESC_DEFAULTS)
     desc.base, desc.shape, desc.strides, desc.block_shape = base, shape, strides, block_shape
     return desc
+
+
+def descriptor_factories(first_index: int, geometries) -> dict:
+    """:class:`DirectLaunch`'s ``descriptors`` for Triton TMA descriptors passed as consecutive
+    arguments from ``first_index`` on, one ``(shape, strides, block)`` geometry each (None: that
+    argument is no descriptor)."""
+    return {first_index + i: functools.partial(_descriptor_on, geo) for i, geo in enumerate(geometries)
+            if geo is not None}
+
+
+def _descriptor_on(geometry, base):
+    return tensor_descriptor(base, *geometry)
 
 
 def launch_compiled(kernel, grid: tuple, args: list) -> None:

@@ -580,16 +580,6 @@ def launch(a: torch.Tensor, w: torch.Tensor, w_up, route_weights, cu_seqlens: to
 _PLANS: dict = {}
 
 
-def _direct_launch(plan: Plan, kernel) -> direct.DirectLaunch:
-    factories = {_FIRST_DESC + i: functools.partial(_descriptor_on, geo)
-                 for i, geo in enumerate(plan.descs) if geo is not None}
-    return direct.DirectLaunch(kernel, plan.grid, list(plan.constexprs.values()), factories)
-
-
-def _descriptor_on(geometry, base):
-    return direct.tensor_descriptor(base, *geometry)
-
-
 def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, a_up=None, saved=None, zero_tail: bool = True,
         role: PdlRole = PdlRole.NONE, key=None) -> None:
     """The CUDA ops' entry. ``choose(a, w, w_up, a_up) -> (GemmConfig, use_tma)`` (a module-level
@@ -611,7 +601,8 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, a_up=None, saved=
         plan = make_plan(a, w, w_up, route_weights, out, *choose(a, w, w_up, a_up), a_up, saved, zero_tail, role)
         kernel = _compile_and_launch(plan, a, w, w_up, route_weights, cu_seqlens, out, a_up, saved)
         if direct.enabled() and hasattr(kernel, "run"):
-            _PLANS[key] = (plan, _direct_launch(plan, kernel))
+            _PLANS[key] = (plan, direct.DirectLaunch(kernel, plan.grid, list(plan.constexprs.values()),
+                                                     direct.descriptor_factories(_FIRST_DESC, plan.descs)))
         return
     plan, launch = launch
     launch(plan.args(a, w, w_up_arg, a_up_arg, rw, out, gate_out, up_out, cu_seqlens, descriptors=False))

@@ -21,7 +21,6 @@ see another segment's (or the tail's) values.
 """
 
 import dataclasses
-import functools
 
 import torch
 import triton
@@ -290,13 +289,9 @@ def run(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu_seqlens, out
         kernel = grouped_gemm_fp8_kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps,
                                                     num_stages=plan.num_stages)
         if direct.enabled() and hasattr(kernel, "run"):
-            factories = {_FIRST_DESC + i: functools.partial(_descriptor_on, geo)
-                         for i, geo in enumerate(plan.geos) if geo is not None}
-            _PLANS[key] = (plan, direct.DirectLaunch(kernel, plan.grid, list(plan.constexprs.values()), factories))
+            _PLANS[key] = (plan, direct.DirectLaunch(kernel, plan.grid, list(plan.constexprs.values()),
+                                                     direct.descriptor_factories(_FIRST_DESC, plan.geos)))
         return
     plan, launch = entry
     launch(plan.args(*operands))
 
-
-def _descriptor_on(geometry, base):
-    return direct.tensor_descriptor(base, *geometry)
