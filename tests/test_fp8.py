@@ -86,6 +86,9 @@ LAYOUTS = [
     Layout("multiples_of_128", (70, 0, 60), 140, k=256, n=384),
     Layout("k_below_one_block", (6, 9), 17, k=16, n=8),
     Layout("many_k_blocks", (40, 3), 50, k=1001, n=130),
+    # TMA-addressable sizes (multiples of 16) that end in a partial scale block: a column tile of
+    # the fused GEMM runs past I into the next group's weight rows, which act's scales must ignore
+    Layout("partial_scale_blocks", (70, 0, 60, 9), 150, k=256, n=144),
 ]
 LAYOUT_IDS = [layout.name for layout in LAYOUTS]
 

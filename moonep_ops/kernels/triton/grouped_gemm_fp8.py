@@ -123,10 +123,12 @@ def _epilogue(acc, acc_up, tile, out_ptr, out_scale_ptr, rw_ptr, NUM_ROWS, N, st
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if FUSED:
-        act = acc * tl.sigmoid(acc) * acc_up  # columns past N: silu(0) * 0 = 0
+        act = acc * tl.sigmoid(acc) * acc_up
         if HAS_WEIGHTS:
             act = act * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
-        q, scale = quantize_rows_tile(act)
+        # Columns past N are no part of the scale group: TMA reads them from the next group's
+        # weight rows (``[G*N, K]``), the pointer path as zeros.
+        q, scale = quantize_rows_tile(tl.where(col_mask[None, :], act, 0.0))
         store_tile(out_ptr, q, rows, cols, row_mask, col_mask, stride_om, stride_on)
         tl.store(out_scale_ptr + rows.to(tl.int64) * stride_osm + pid_n, scale, mask=row_mask)
     else:
