@@ -96,6 +96,8 @@ class Compiler:
         if key in self.variants:
             return None
         dtype = next((t[1:] for t in signature.values() if isinstance(t, str) and t.startswith("*")), "?")
+        if consts.get("FP8"):  # the Gluon kernel's operands are descriptors: its first pointer is `out`
+            dtype = "fp8e4nv"
         record = {"kernel": fn.fn.__name__, "target": f"sm{self.target.arch}", "dtype": dtype,
                   "num_warps": options.num_warps,
                   "num_stages": options.num_stages,

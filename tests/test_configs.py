@@ -93,3 +93,19 @@ def test_epilogue_n_is_the_whole_tile_or_half_of_it():
         configs.GluonConfig(block_n=128, epilogue_n=32)
     assert str(err.value) == ("GluonConfig: epilogue_n must be 0 or block_n = 128 (the whole tile) or "
                               "block_n // 2 = 64, got 32")
+
+
+def test_fp8_configs():
+    """The FP8 GEMMs: 128-deep K blocks (the scale block) and 128 columns (one weight-scale block;
+    the fused GEMM's act scale group); the fused GEMM in ping-pong 64-row tiles, the plain one in
+    cooperative 128-row tiles unless its segments hold a few rows each (unpadded decode)."""
+    pick = configs.gluon_fp8_config
+    for nvs, groups in ((13312, 104), (8192, 48), (45056, 104), (512, 128)):  # kimi-k2 EP8, qwen3 S=64
+        fused = pick(2048, 7168, nvs, fused=True, groups=groups)
+        assert (fused.block_m, fused.block_n, fused.block_k, fused.pingpong) == (64, 128, 128, True)
+        assert fused.stages == 5 and not fused.handoff and not fused.skip_idle_half
+    assert pick(7168, 2048, 13312, fused=False, groups=104) == configs.GluonConfig(
+        block_n=128, block_k=128, stages=5, pingpong=False, tail_by_producer=True)  # kimi-k2 decode, padded
+    assert pick(7168, 2048, 1500, fused=False, groups=104) == configs.GluonConfig(
+        block_m=64, block_n=128, block_k=128, stages=7, pingpong=True, tail_by_producer=True)  # unpadded
+    assert not pick(2048, 768, 48896, fused=False, groups=128).tail_by_producer  # qwen3 down: K = 768

@@ -1,9 +1,11 @@
 """CUDA kernels of the FP8 block-scaled ops (:mod:`moonep_ops.fp8` gives the semantics).
 
-``experts_fp8`` is three launches of :mod:`..triton.grouped_gemm_fp8`: ``x``'s live rows quantized
-once, the fused gate/up GEMM, which writes ``act`` as e4m3 with per-row, per-128-column scales,
-then the down GEMM on that ``act``. e4m3 tensor-core MMAs exist from sm89 (Ada) on; sm90 reads
-the weights by TMA unless ``MOONEP_OPS_PORTABLE`` asks for the pointer path that sm89 runs.
+``experts_fp8`` is three launches: ``x``'s live rows quantized once (a Triton kernel), the fused
+gate/up GEMM, which writes ``act`` as e4m3 with per-row, per-128-column scales, then the down GEMM
+on that ``act``. The GEMMs run on the warp-specialized Gluon kernel on sm90 (as the bf16 ops do,
+``MOONEP_OPS_GLUON`` and ``MOONEP_OPS_PORTABLE`` switching it off), else on
+:mod:`..triton.grouped_gemm_fp8`: e4m3 tensor-core MMAs exist from sm89 (Ada) on, and sm90 reads
+its weights by TMA unless ``MOONEP_OPS_PORTABLE`` asks for the pointer path that sm89 runs.
 """
 
 import functools
@@ -11,13 +13,15 @@ import functools
 import torch
 
 from ... import checks, flags
-from .paths import capability_of, contiguous, on_device
+from .paths import capability_of, contiguous, gluon_host, gluon_wanted, on_device
 
 
-def _validate(check, op_name: str, cu_seqlens, *args) -> None:
-    checks.checked(check, op_name, *args)
+def _validate(check, op_name: str, cu_seqlens, *args) -> tuple:
+    """The checks; returns the call's static signature (the launch plans' key)."""
+    key = checks.checked(check, op_name, *args)
     _check_capability(op_name, capability_of(args[0]))
     checks.debug_checks(op_name, cu_seqlens, args[0].shape[0])
+    return key
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,6 +46,35 @@ def choose(a, w, fused: bool):
     return cfg, cap >= (9, 0) and not flags.portable_only() and tma_weights(w)
 
 
+def choose_gluon(a, w, w_up, out):
+    """The Gluon kernel's config for e4m3 ``a`` against ``w`` (and ``w_up``: the fused GEMM), or
+    None where TMA cannot address the operands."""
+    from ..gluon import config
+    from ..triton.grouped_gemm import tma_addressable
+    from ..triton.grouped_gemm_fp8 import tma_weights
+
+    weights = (w,) if w_up is None else (w, w_up)
+    if not (tma_addressable(a) and a.numel() > 0 and tma_addressable(out) and all(map(tma_weights, weights))):
+        return None
+    return config.gluon_fp8_config(w.shape[1], a.shape[1], a.shape[0], w_up is not None, groups=w.shape[0])
+
+
+def _gemm(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_scale, gluon: bool, *,
+          zero_tail=True, key=None):
+    """One FP8 GEMM launch: the Gluon kernel where ``gluon`` and it applies, else the Triton one."""
+    from ..triton import grouped_gemm_fp8
+
+    if gluon:
+        host = gluon_host()
+        scales = host.Fp8Scales(a_scale, w_scale, w_scale if w_up is None else w_up_scale, out_scale)
+        ran = host.run(a, w, w_up, route_weights, cu, out, choose_gluon, zero_tail=zero_tail, scales=scales,
+                       key=key)
+        if ran is not host.GluonResult.NOT_APPLICABLE:
+            return
+    grouped_gemm_fp8.run(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_scale, choose,
+                         zero_tail=zero_tail)
+
+
 def _quantized_rows(x, cu):
     """e4m3 rows of ``x`` and their scales (live rows only; the tail stays unwritten and unread)."""
     from ..triton.grouped_gemm_fp8 import quantize_rows
@@ -52,18 +85,15 @@ def _quantized_rows(x, cu):
     return q, scale
 
 
-def gemm_into(a, w, w_scale, cu_seqlens, out) -> None:
-    from ..triton import grouped_gemm_fp8
-
+def gemm_into(a, w, w_scale, cu_seqlens, out, key=None) -> None:
     cu = contiguous(cu_seqlens)
     a_q, a_scale = _quantized_rows(a, cu)
-    grouped_gemm_fp8.run(a_q, a_scale, w, w_scale, None, None, None, cu, out, None, choose)
+    _gemm(a_q, a_scale, w, w_scale, None, None, None, cu, out, None, gluon_wanted(capability_of(a), a.dtype),
+          key=key)
 
 
 def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
-                 out) -> None:
-    from ..triton import grouped_gemm_fp8
-
+                 out, key=None) -> None:
     cu = contiguous(cu_seqlens)
     num_rows, inter = x.shape[0], w_gate.shape[1]
     if inter == 0:  # no act: every output row is an empty sum
@@ -73,9 +103,10 @@ def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale
     act = torch.empty((num_rows, inter), dtype=torch.float8_e4m3fn, device=x.device)
     act_scale = torch.empty((num_rows, -(-inter // 128)), dtype=torch.float32, device=x.device)
     # act's tail rows are never written: the down GEMM never reads rows past cu_seqlens[-1].
-    grouped_gemm_fp8.run(x_q, x_scale, w_gate, w_gate_scale, w_up, w_up_scale,
-                         contiguous(route_weights), cu, act, act_scale, choose, zero_tail=False)
-    grouped_gemm_fp8.run(act, act_scale, w_down, w_down_scale, None, None, None, cu, out, None, choose)
+    gluon = gluon_wanted(capability_of(x), x.dtype)
+    _gemm(x_q, x_scale, w_gate, w_gate_scale, w_up, w_up_scale, contiguous(route_weights), cu, act, act_scale, gluon,
+          zero_tail=False, key=key)
+    _gemm(act, act_scale, w_down, w_down_scale, None, None, None, cu, out, None, gluon, key=key)
 
 
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:
@@ -83,45 +114,46 @@ def _empty(shape, like: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_gemm_fp8(a, w, w_scale, cu_seqlens):
-    _validate(checks.check_grouped_gemm_fp8, "grouped_gemm_fp8", cu_seqlens, a, w, w_scale, cu_seqlens)
+    key = _validate(checks.check_grouped_gemm_fp8, "grouped_gemm_fp8", cu_seqlens, a, w, w_scale, cu_seqlens)
     out = _empty((a.shape[0], w.shape[1]), a)
     with on_device(a):
-        _gemm_or_zeros(a, w, w_scale, cu_seqlens, out)
+        _gemm_or_zeros(a, w, w_scale, cu_seqlens, out, key)
     return out
 
 
 def grouped_gemm_fp8_out(a, w, w_scale, cu_seqlens, out) -> None:
-    _validate(checks.check_grouped_gemm_fp8_out, "grouped_gemm_fp8_out", cu_seqlens, a, w, w_scale, cu_seqlens, out)
+    key = _validate(checks.check_grouped_gemm_fp8_out, "grouped_gemm_fp8_out", cu_seqlens, a, w, w_scale,
+                    cu_seqlens, out)
     checks.check_grouped_gemm_fp8_out_overlap("grouped_gemm_fp8_out", a, w, w_scale, cu_seqlens, out)
     with on_device(a):
-        _gemm_or_zeros(a, w, w_scale, cu_seqlens, out)
+        _gemm_or_zeros(a, w, w_scale, cu_seqlens, out, key)
 
 
-def _gemm_or_zeros(a, w, w_scale, cu_seqlens, out) -> None:
+def _gemm_or_zeros(a, w, w_scale, cu_seqlens, out, key) -> None:
     if a.shape[1] == 0:  # K = 0: every row is an empty sum
         out.zero_()
     else:
-        gemm_into(a, w, w_scale, cu_seqlens, out)
+        gemm_into(a, w, w_scale, cu_seqlens, out, key)
 
 
 def experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens):
     args = (x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens)
-    _validate(checks.check_experts_fp8, "experts_fp8", cu_seqlens, *args)
+    key = _validate(checks.check_experts_fp8, "experts_fp8", cu_seqlens, *args)
     out = _empty(x.shape, x)
     with on_device(x):
-        _experts_or_zeros(*args, out)
+        _experts_or_zeros(*args, out, key=key)
     return out
 
 
 def experts_fp8_out(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
                     out) -> None:
     args = (x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens)
-    _validate(checks.check_experts_fp8_out, "experts_fp8_out", cu_seqlens, *args, out)
+    key = _validate(checks.check_experts_fp8_out, "experts_fp8_out", cu_seqlens, *args, out)
     checks.check_experts_fp8_out_overlap("experts_fp8_out", *args, out)
     with on_device(x):
-        _experts_or_zeros(*args, out)
+        _experts_or_zeros(*args, out, key=key)
 
 
-def _experts_or_zeros(*args) -> None:
+def _experts_or_zeros(*args, key) -> None:
     if args[-1].numel():  # (H = 0 or NvS = 0: nothing to write)
-        experts_into(*args)
+        experts_into(*args, key=key)

@@ -1,8 +1,8 @@
 """What the Gluon kernel hands its partitions, bundled (Triton ``@aggregate`` classes).
 
 :class:`Descriptors` (global memory through TMA), :class:`SharedMemory` (the ring, the epilogue
-and zero buffers, the mbarriers), :class:`Problem` (pointers and runtime sizes), and the
-compile-time :class:`Tiling` and :class:`Features`. The constexprs travel as ``gl.constexpr``
+and zero buffers, the mbarriers), :class:`Problem` (pointers and runtime sizes), :class:`Scales`
+(the FP8 block scales), and the compile-time :class:`Tiling` and :class:`Features`. The constexprs travel as ``gl.constexpr``
 fields of an aggregate: in a tuple variable they would be turned into tensors on assignment.
 
 A worker partition's arguments, flattened field by field, become the ``warp_specialize`` op's
@@ -125,6 +125,38 @@ class Problem:
 
 
 @aggregate
+class Scales:
+    """FP8 (``FP8``) block scales, fp32, each with a contiguous last dimension: ``a``'s per row and
+    128 columns ``[NvS, cdiv(K, 128)]``, the weights' per 128 x 128 block ``[G, cdiv(N, 128),
+    cdiv(K, 128)]``, and (the fused GEMM) those the epilogue writes for ``act`` ``[NvS, cdiv(N,
+    128)]``. A bf16/fp16 kernel gets placeholders that it never reads."""
+    a_ptr: gl.tensor
+    w_ptr: gl.tensor
+    w_up_ptr: gl.tensor
+    out_ptr: gl.tensor
+    stride_am: Int
+    stride_wg: Int
+    stride_wn: Int
+    stride_ug: Int
+    stride_un: Int
+    stride_om: Int
+
+    @constexpr_function
+    def __init__(self, a_ptr, w_ptr, w_up_ptr, out_ptr, stride_am, stride_wg, stride_wn, stride_ug, stride_un,
+                 stride_om):
+        self.a_ptr = a_ptr
+        self.w_ptr = w_ptr
+        self.w_up_ptr = w_up_ptr
+        self.out_ptr = out_ptr
+        self.stride_am = _field(stride_am)
+        self.stride_wg = _field(stride_wg)
+        self.stride_wn = _field(stride_wn)
+        self.stride_ug = _field(stride_ug)
+        self.stride_un = _field(stride_un)
+        self.stride_om = _field(stride_om)
+
+
+@aggregate
 class Tiling:
     """Tile shape, ring depth, consumers (2: ping-pong, 1: cooperative) and item order."""
     BLOCK_M: gl.constexpr
@@ -148,6 +180,7 @@ class Tiling:
 class Features:
     """The kernel's switches (the entry's flags of the same names; ``CONSUMER_TAIL`` and
     ``PRODUCER_TAIL``: who zeroes the tail rows, if anyone) and the handoff's bound on polls."""
+    FP8: gl.constexpr
     FUSED: gl.constexpr
     HAS_WEIGHTS: gl.constexpr
     CONSUMER_TAIL: gl.constexpr
@@ -161,8 +194,9 @@ class Features:
     MAX_POLLS: gl.constexpr
 
     @constexpr_function
-    def __init__(self, FUSED, HAS_WEIGHTS, CONSUMER_TAIL, PRODUCER_TAIL, SKIP_IDLE_HALF, SKIP_BY_WEIGHT, HALF_LOADS,
-                 WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS):
+    def __init__(self, FP8, FUSED, HAS_WEIGHTS, CONSUMER_TAIL, PRODUCER_TAIL, SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
+                 HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS):
+        self.FP8 = _field(FP8)
         self.FUSED = _field(FUSED)
         self.HAS_WEIGHTS = _field(HAS_WEIGHTS)
         self.CONSUMER_TAIL = _field(CONSUMER_TAIL)

@@ -28,36 +28,12 @@ previous item before its next item's stores, so that no store is waited for earl
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .consumer_fp8 import tile_fp8
 from .schedule import find_item, idle_half, row_tile
+from .store import flush_tile, store_rows
 from .sync import signal_row_tile
-
-
-@gluon.jit
-def _store_rows(out_ptr, vals, rows, cols, row_end, N, stride_om):
-    """``out[rows, cols] = vals`` for rows in ``[0, row_end)`` and columns below ``N`` (``rows`` and
-    ``cols`` in the slices of ``vals``'s layout)."""
-    mask = ((rows >= 0) & (rows < row_end))[:, None] & (cols < N)[None, :]
-    gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], vals, mask=mask)
-
-
-@gluon.jit
-def _flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                WARPS: gl.constexpr):
-    """The staged tile in ``out_buf`` (rows from ``row_lo``, columns from ``col0``) to ``out``: a
-    tile wholly inside its segment by a TMA store (clipped at NvS and N), a tile cut by its
-    segment's end read back in a coalesced layout and stored with a row mask."""
-    if (row_lo >= 0) & (row_lo + BLOCK_M <= end):
-        fence_async_shared()
-        tma.async_copy_shared_to_global(out_desc, [row_lo, col0], out_buf)
-    else:
-        coalesced: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
-        res = out_buf.load(coalesced)
-        rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, coalesced))
-        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, coalesced))
-        _store_rows(problem.out_ptr, res, rows, cols, gl.minimum(end, problem.NUM_ROWS), problem.N, problem.stride_om)
 
 
 @gluon.jit
@@ -122,7 +98,7 @@ def _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0
         else:
             out_buf.slice(0, ROWS).store(acc.to(out_desc.dtype))
             out_buf.slice(ROWS, BLOCK_M - ROWS).store(gl.zeros([BLOCK_M - ROWS, BLOCK_N], out_desc.dtype, acc_layout))
-        _flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M, BLOCK_N, WARPS)
+        flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M, BLOCK_N, WARPS)
     elif ROWS == BLOCK_M:
         # Split epilogue: the halves leave one after the other. In the wgmma layout the top column
         # bit is a register bit, so the split moves no data (asserted).
@@ -132,27 +108,27 @@ def _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0
         lo, hi = gl.split(gl.permute(gl.reshape(acc.to(out_desc.dtype), [ROWS, 2, EPI_N]), [0, 2, 1]))
         tma.store_wait(0)
         out_buf.store(gl.convert_layout(lo, half_layout, assert_trivial=True))
-        _flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M, EPI_N, WARPS)
+        flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M, EPI_N, WARPS)
         tma.store_wait(0)
         out_buf.store(gl.convert_layout(hi, half_layout, assert_trivial=True))
-        _flush_tile(out_buf, out_desc, problem, row_lo, col0 + EPI_N, end, BLOCK_M, EPI_N, WARPS)
+        flush_tile(out_buf, out_desc, problem, row_lo, col0 + EPI_N, end, BLOCK_M, EPI_N, WARPS)
     else:
         # An idle-upper-half tile with a split epilogue: its warpgroups hold different columns, so
         # it is stored straight from registers (rare tiles), zeros above, masked at the segment end.
         live_end = gl.minimum(end, problem.NUM_ROWS)
-        _store_rows(problem.out_ptr, acc.to(out_desc.dtype),
+        store_rows(problem.out_ptr, acc.to(out_desc.dtype),
                     row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout)),
                     col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout)), live_end, problem.N,
                     problem.stride_om)
         zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
-        _store_rows(problem.out_ptr, gl.zeros([BLOCK_M - ROWS, BLOCK_N], out_desc.dtype, zero_layout),
+        store_rows(problem.out_ptr, gl.zeros([BLOCK_M - ROWS, BLOCK_N], out_desc.dtype, zero_layout),
                     row_lo + ROWS + gl.arange(0, BLOCK_M - ROWS, layout=gl.SliceLayout(1, zero_layout)),
                     col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zero_layout)), live_end, problem.N,
                     problem.stride_om)
 
 
 @gluon.jit
-def _run_item(smem, out_buf, descs, problem, tiling, features, pending, segment, item, i, k_steps,
+def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, segment, item, i, k_steps,
               TURN_AFTER_CHECK: gl.constexpr, PARITY: gl.constexpr, WARPS: gl.constexpr):
     """The consumer's local item ``i`` (global id ``item``): move the segment cursor ``segment``
     (see :func:`.schedule.walk`) to its segment, check for an idle upper half, run it on the
@@ -168,7 +144,10 @@ def _run_item(smem, out_buf, descs, problem, tiling, features, pending, segment,
         if TURN_AFTER_CHECK:
             mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
     ring_pos = i * k_steps  # the ring position of this item's first stage (the producer's count)
-    if SKIP_HALF:
+    if features.FP8:
+        tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row_lo, col_tile * tiling.BLOCK_N,
+                 end, ring_pos, k_steps, PARITY, WARPS)
+    elif SKIP_HALF:
         if idle_upper:
             _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col_tile * tiling.BLOCK_N, end,
                   ring_pos, k_steps, BLOCK_M // 2, PARITY, WARPS)
@@ -183,7 +162,7 @@ def _run_item(smem, out_buf, descs, problem, tiling, features, pending, segment,
 
 
 @gluon.jit
-def consumer(smem, descs, problem, tiling, features, PARITY: gl.constexpr, WARPS: gl.constexpr):
+def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ``PARITY`` of ``CONSUMERS`` (``WARPS`` warps: one warpgroup in ping-pong, two in the
     cooperative scheme): the program's local items ``i = PARITY (mod CONSUMERS)``, the last
     row-tile signal, its share of the tail's zeros."""
@@ -206,7 +185,7 @@ def consumer(smem, descs, problem, tiling, features, PARITY: gl.constexpr, WARPS
             mbarrier.wait(smem.ready.index(ring_pos % STAGES), (ring_pos // STAGES) & 1)
             item = gl.max(smem.item_ids.index(ring_pos % STAGES).load(item_layout), 0)
             if item >= 0:
-                segment, pending = _run_item(smem, out_buf, descs, problem, tiling, features, pending, segment,
+                segment, pending = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, segment,
                                              item, i, k_steps, False, PARITY, WARPS)
                 i += CONSUMERS
             else:
@@ -222,7 +201,7 @@ def consumer(smem, descs, problem, tiling, features, PARITY: gl.constexpr, WARPS
             if CONSUMERS == 2 and not features.SKIP_IDLE_HALF:
                 # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
                 mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
-            segment, pending = _run_item(smem, out_buf, descs, problem, tiling, features, pending, segment,
+            segment, pending = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, segment,
                                          pid + i * num_progs, i, k_steps, CONSUMERS == 2, PARITY, WARPS)
     if features.SIGNAL_ROWS:
         if pending >= 0:
@@ -239,6 +218,6 @@ def consumer(smem, descs, problem, tiling, features, PARITY: gl.constexpr, WARPS
             rows = problem.live_end + (j // problem.col_tiles) * BLOCK_M + gl.arange(
                 0, BLOCK_M, layout=gl.SliceLayout(1, zero_layout))
             cols = (j % problem.col_tiles) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zero_layout))
-            _store_rows(problem.out_ptr, zeros, rows, cols, problem.NUM_ROWS, problem.N,
+            store_rows(problem.out_ptr, zeros, rows, cols, problem.NUM_ROWS, problem.N,
                         problem.stride_om)  # rows >= live_end >= 0
     tma.store_wait(0)

@@ -61,6 +61,9 @@ def half_loads(cfg: GluonConfig) -> bool:
     return cfg.skip_idle_half and cfg.half_loads
 
 
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
+
+
 def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
     """TMA descriptors for ``cfg``'s blocks: ``a [NvS, K]``; ``w`` and ``w_up`` each as one
     ``[G*N, K]`` matrix; ``out [NvS, N]`` by output tile (half its columns for a split epilogue);
@@ -69,11 +72,10 @@ def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
     zeroed = out if tail_out is None else tail_out
     g, n, k = w.shape
     epi_n = cfg.epilogue_n or cfg.block_n
-    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
-    a_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], dt)
-    w_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], dt)
-    o_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, epi_n], dt)
-    z_layout = gl.NVMMASharedLayout.get_default_for([ZERO_ROWS, epi_n], dt)
+    a_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], _GL_DTYPES[a.dtype])
+    w_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], _GL_DTYPES[w.dtype])
+    o_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, epi_n], _GL_DTYPES[out.dtype])
+    z_layout = gl.NVMMASharedLayout.get_default_for([ZERO_ROWS, epi_n], _GL_DTYPES[zeroed.dtype])
     return (TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k], a_layout),
             TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k], w_layout),
             TensorDescriptor(w_up, [g * n, k], [w_up.stride(1), 1], [cfg.block_n, cfg.block_k], w_layout),
@@ -89,8 +91,31 @@ def _weights_ptr(a, route_weights, idle_weights):
     return route_weights if route_weights is not None else a if idle_weights is None else idle_weights
 
 
+@dataclasses.dataclass(frozen=True)
+class Fp8Scales:
+    """The fp32 block scales of an FP8 launch (:class:`.bundles.Scales`): ``a``'s, ``w``'s,
+    ``w_up``'s (the fused GEMM; else ``w``'s again) and, for the fused GEMM, ``act``'s that it
+    writes (``out``; else None)."""
+    a: torch.Tensor
+    w: torch.Tensor
+    w_up: torch.Tensor
+    out: torch.Tensor = None
+
+    def runtime_args(self) -> list:
+        """The kernel's scale pointers, then their strides (a: rows; weights: group, row)."""
+        out = self.a if self.out is None else self.out
+        return [self.a, self.w, self.w_up, out, self.a.stride(0), self.w.stride(0), self.w.stride(1),
+                self.w_up.stride(0), self.w_up.stride(1), out.stride(0)]
+
+
+def _scale_args(a, scales: Fp8Scales) -> list:
+    """Scale pointers and strides for the kernel: placeholders (``a``, zeros) without FP8."""
+    return [a] * 4 + [0] * 6 if scales is None else scales.runtime_args()
+
+
 def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, descs, *, zero_tail: bool = True,
-                role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None) -> dict:
+                role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None,
+                scales: Fp8Scales = None) -> dict:
     """Every kernel argument by name (unused pointers point at ``a``).
 
     ``w_up``: the fused SwiGLU GEMM's up weights (None: a plain GEMM). ``idle_weights`` (plain
@@ -99,13 +124,17 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
     ``tail_out``: another ``[NvS, *]`` tensor whose tail rows the producer zeroes instead of
     ``out``'s (the experts op's fused GEMM zeroing the down GEMM's output). ``handoff``: between a
     PDL primary, which signals each row tile of its output, and its dependent, which takes items
-    from the counter and waits per row tile."""
+    from the counter and waits per row tile. ``scales``: the block scales of e4m3 ``a`` and
+    weights (FP8; the fused GEMM's ``out`` is then e4m3 ``act``)."""
     g, n, k = w.shape
     if handoff is not None and role is PdlRole.NONE:
         raise ValueError("the row-tile handoff is between a PDL primary and its dependent")
     if tail_out is not None and zero_tail:
         raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
-    return dict(a_desc=descs[0], w_desc=descs[1], w_up_desc=descs[2], out_desc=descs[3], zero_desc=descs[4],
+    scale_names = ("a_scale_ptr", "w_scale_ptr", "w_up_scale_ptr", "out_scale_ptr", "stride_asm", "stride_wsg",
+                   "stride_wsn", "stride_usg", "stride_usn", "stride_osm")
+    return dict(zip(scale_names, _scale_args(a, scales)),
+                a_desc=descs[0], w_desc=descs[1], w_up_desc=descs[2], out_desc=descs[3], zero_desc=descs[4],
                 a_half_desc=descs[5], out_ptr=out, row_weights_ptr=_weights_ptr(a, route_weights, idle_weights),
                 cu_seqlens_ptr=cu_seqlens, handoff_ptr=cu_seqlens if handoff is None else handoff.state, G=g,
                 NUM_ROWS=a.shape[0], N=n, K=k, stride_om=out.stride(0),
@@ -122,7 +151,8 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 SKIP_BY_WEIGHT=route_weights is not None or idle_weights is not None,
                 SIGNAL_ROWS=handoff is not None and role is PdlRole.PRIMARY,
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
-                MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, num_warps=cfg.num_warps)
+                MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,
+                num_warps=cfg.num_warps)
 
 
 def _compile_and_launch(grid, kwargs, role: PdlRole):
@@ -132,13 +162,14 @@ def _compile_and_launch(grid, kwargs, role: PdlRole):
 
 
 def launch(a, w, cu_seqlens, out, num_programs: int, *, w_up=None, route_weights=None, zero_tail=True,
-           role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None, **cfg):
+           role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None,
+           scales: Fp8Scales = None, **cfg):
     """Launch with an explicit config (tests, the AOT compile check): ``cfg`` are
     :class:`GluonConfig` fields (``tail_out`` is used whenever given)."""
     config = GluonConfig(**cfg)
     descs = descriptors(a, w, w if w_up is None else w_up, out, config, tail_out)
     kwargs = kernel_args(a, w, w_up, route_weights, cu_seqlens, out, config, descs, zero_tail=zero_tail, role=role,
-                         idle_weights=idle_weights, tail_out=tail_out, handoff=handoff)
+                         idle_weights=idle_weights, tail_out=tail_out, handoff=handoff, scales=scales)
     return _compile_and_launch((num_programs,), kwargs, role)
 
 
@@ -173,12 +204,13 @@ def _num_programs(device: torch.device) -> int:
     return num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights, tail_out, handoff):
+def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights, tail_out, handoff,
+               scales):
     """Compile (through Triton's JIT) and launch; returns the plan for later direct launches."""
     tail = tail_out if cfg.takes_out_tail and w_up is not None else None
     descs = descriptors(a, w, w if w_up is None else w_up, out, cfg, tail)
     kwargs = kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, descs, zero_tail=zero_tail, role=role,
-                         idle_weights=idle_weights, tail_out=tail, handoff=handoff)
+                         idle_weights=idle_weights, tail_out=tail, handoff=handoff, scales=scales)
     items = num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1], cfg.block_n)
     grid = (max(1, min(_num_programs(a.device), items)),)
     kernel = _compile_and_launch(grid, kwargs, role)
@@ -191,13 +223,13 @@ def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role,
 
 def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool = True,
         role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None,
-        key=None) -> GluonResult:
+        scales: Fp8Scales = None, key=None) -> GluonResult:
     """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
     SwiGLU GEMM (arguments as in :func:`kernel_args`). ``choose(a, w, w_up, out) -> GluonConfig |
     None`` runs once per static signature (None: not for this kernel). The first call per
     signature compiles and launches through Triton's JIT; later calls launch the compiled kernel
     directly (:mod:`..launch`). ``key``: the caller's static signature of these operands, when
-    it has one (it must fix every operand's layout); else this computes one."""
+    it has one (it must fix every operand's layout, scales included); else this computes one."""
     if w.shape[1] == 0:
         return GluonResult.RAN
     if a.shape[0] == 0:  # no rows: no tail either
@@ -206,7 +238,8 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
     rw = _weights_ptr(a, route_weights, idle_weights)
     if key is None:
         key = layout_signature(a, w, w_up_or_w, out, rw, cu_seqlens, tail_out,
-                               None if handoff is None else handoff.state)
+                               None if handoff is None else handoff.state,
+                               *(() if scales is None else (scales.a, scales.w, scales.w_up, scales.out)))
     key = (key, w_up is None, route_weights is None, idle_weights is None, choose, zero_tail, role,
            None if handoff is None else handoff.flag_target)
     plan = _PLANS.get(key)
@@ -216,7 +249,7 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
             _PLANS[key] = GluonResult.NOT_APPLICABLE
             return GluonResult.NOT_APPLICABLE
         plan = _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights, tail_out,
-                          handoff)
+                          handoff, scales)
         if direct.enabled() and hasattr(plan.launch.kernel, "run"):
             _PLANS[key] = plan
         return plan.result
@@ -226,5 +259,5 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
     g, n, k = w.shape
     plan.launch([a, w, w_up_or_w, out, zeroed, a if plan.half_loads else None, out, rw, cu_seqlens,
                  cu_seqlens if handoff is None else handoff.state, g, a.shape[0], n, k, out.stride(0),
-                 zeroed.shape[1], 0 if handoff is None else handoff.flag_target])
+                 zeroed.shape[1], 0 if handoff is None else handoff.flag_target, *_scale_args(a, scales)])
     return plan.result

@@ -2,7 +2,9 @@
 
 ``out[seg_g] = a[seg_g] @ w[g].T`` for the segments of ``cu_seqlens``, rows ``[cu[-1], NvS)`` of
 ``out`` set to zero, like the Triton kernel's unfused GEMM; with ``FUSED``, the SwiGLU GEMM
-``act = silu(a @ w.T) * (a @ w_up.T) * route_weight``. Gluon lets the kernel say what Triton's
+``act = silu(a @ w.T) * (a @ w_up.T) * route_weight``; with ``FP8``, e4m3 rows of ``a`` and
+e4m3 weights with their block scales (:mod:`moonep_ops.fp8`; the fused GEMM writes ``act`` as
+e4m3 with its row scales, :mod:`.consumer_fp8`). Gluon lets the kernel say what Triton's
 compiler does not produce here: one producer warp issuing TMA loads into a ring of shared-memory
 stages (:mod:`.producer`), consumer warpgroups issuing wgmma and storing through shared memory
 (:mod:`.consumer`), the stages handed over by mbarriers, the schedule of :mod:`.schedule`, and
@@ -16,7 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from .bundles import Descriptors, Features, Problem, SharedMemory, Tiling
+from .bundles import Descriptors, Features, Problem, Scales, SharedMemory, Tiling
 from .consumer import consumer
 from .producer import producer
 from .sync import griddepcontrol_launch_dependents
@@ -25,6 +27,8 @@ from .sync import griddepcontrol_launch_dependents
 @gluon.jit
 def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_half_desc, out_ptr, row_weights_ptr,
                               cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om, ZERO_N, FLAG_TARGET,
+                              a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg,
+                              stride_wsn, stride_usg, stride_usn, stride_osm,
                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                               STAGES: gl.constexpr, BLOCK_G: gl.constexpr, GROUP_MAJOR: gl.constexpr,
                               ZERO_TAIL: gl.constexpr, FUSED: gl.constexpr, HAS_WEIGHTS: gl.constexpr,
@@ -32,13 +36,14 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               TAIL_BY_PRODUCER: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
                               WAIT_PRIOR: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr,
                               SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr, MAX_POLLS: gl.constexpr,
-                              HALF_LOADS: gl.constexpr, num_warps: gl.constexpr):
+                              HALF_LOADS: gl.constexpr, FP8: gl.constexpr, num_warps: gl.constexpr):
     """Arguments: the TMA descriptors of :func:`.host.descriptors`; ``out`` again as a pointer
     (masked stores); a weight per row of ``a`` (route weights, or zeros marking idle rows);
     ``cu_seqlens``; the row-tile handoff's state (:class:`.host.Handoff`); the sizes; ``ZERO_N``:
     the width of the tensor whose tail the producer zeroes; ``FLAG_TARGET``: a row tile's flag
-    once the primary stored all of it. Then :class:`.config.GluonConfig` and the launch's role
-    as constexprs (see :func:`.host.kernel_args`)."""
+    once the primary stored all of it; the FP8 block scales and their strides (:class:`.bundles.Scales`).
+    Then :class:`.config.GluonConfig` and the launch's role as constexprs (see
+    :func:`.host.kernel_args`)."""
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
         # programs take the SMs this grid's programs leave and wait for this grid's memory.
@@ -90,15 +95,17 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     smem = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
     problem = Problem(out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
                       FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles)
+    scales = Scales(a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg, stride_wsn,
+                    stride_usg, stride_usn, stride_osm)
     tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR)
-    features = Features(FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, PRODUCER_TAIL, SKIP_IDLE_HALF,
+    features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, PRODUCER_TAIL, SKIP_IDLE_HALF,
                         SKIP_BY_WEIGHT, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS)
     # (The consumers' tuples are written out: `args + (0, num_warps)` would pass plain ints, not constexprs.)
     if PINGPONG:  # two one-warpgroup consumers on alternate items
-        gl.warp_specialize([(consumer, (smem, descs, problem, tiling, features, 0, num_warps)),
-                            (consumer, (smem, descs, problem, tiling, features, 1, num_warps)),
+        gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
+                            (consumer, (smem, descs, problem, scales, tiling, features, 1, num_warps)),
                             (producer, (descs, smem, problem, tiling, features))],
                            [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one two-warpgroup consumer
-        gl.warp_specialize([(consumer, (smem, descs, problem, tiling, features, 0, num_warps)),
+        gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
                             (producer, (descs, smem, problem, tiling, features))], [1], [PRODUCER_REGS])
