@@ -5,19 +5,24 @@ padding (default 128, the README protocol) a line naming the GPU, the torch and 
 date and the timing protocol of the run; a markdown table (shape, NvS, rows in segments, floor µs,
 limit µs, vLLM 0.33 µs (eff), moonep µs (eff), moonep's efficiency against the limit, speedup); the
 geometric-mean speedup of ``moonep`` over ``vllm`` and the range of moonep's efficiencies; the eager
-host cost per call of both (``host_us``). Floor: the nominal one (757 TFLOP/s, 4.2 TB/s); limit: measured in the same run (:mod:`benchmarks.limit`); a run
-that did not measure it shows "–" there. It replaces the lines between ``<!-- perf-table:begin -->``
-and ``<!-- perf-table:end -->`` in the README and nothing else.
+host cost per call of both (``host_us``). Floor: the nominal one (757 TFLOP/s, 4.2 TB/s); limit:
+measured in the same run (:mod:`benchmarks.limit`); a run that did not measure it shows "–" there.
+It replaces the lines between ``<!-- perf-table:begin -->`` and ``<!-- perf-table:end -->`` in the
+README and nothing else.
 
 With ``--sweep``, the layout sweep's summary (``benchmarks.sweep --out``, rendered by
 :mod:`benchmarks.sweep_summary`) between ``<!-- sweep-summary:begin -->`` and
-``<!-- sweep-summary:end -->`` in docs/performance.md. No GPU and no torch needed.
+``<!-- sweep-summary:end -->`` in docs/performance.md. With ``--fp8``, the FP8 table (``benchmarks.fp8
+--out``, rendered by :mod:`benchmarks.fp8_table`) between ``<!-- fp8-table:begin -->`` and
+``<!-- fp8-table:end -->`` in docs/fp8.md. No GPU and no torch needed.
 
     python -m benchmarks.report [--results benchmarks/results/bench_h200.json] [--readme README.md]
     python -m benchmarks.report --check    # exit 1 if the README's table is not what the JSON gives
     python -m benchmarks.report --stdout   # print the table only (scripts/gpu_check.sh's bench step)
     python -m benchmarks.report --sweep [--results benchmarks/results/sweep_h200.json]
                                 [--readme docs/performance.md] [--check | --stdout]
+    python -m benchmarks.report --fp8 [--results benchmarks/results/fp8_h200.json]
+                              [--readme docs/fp8.md] [--check | --stdout]
 
 Exits 1, printing the text, if the file has no such pair of markers.
 """
@@ -29,12 +34,17 @@ import pathlib
 import sys
 
 from . import sweep_summary
+from .fp8_table import render_fp8
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BEGIN = "<!-- perf-table:begin -->"
 END = "<!-- perf-table:end -->"
 SWEEP_BEGIN = "<!-- sweep-summary:begin -->"
 SWEEP_END = "<!-- sweep-summary:end -->"
+FP8_BEGIN = "<!-- fp8-table:begin -->"
+FP8_END = "<!-- fp8-table:end -->"
+DEFAULTS = {"readme": ("bench_h200.json", "README.md"), "sweep": ("sweep_h200.json", "docs/performance.md"),
+            "fp8": ("fp8_h200.json", "docs/fp8.md")}  # each mode's JSON (in benchmarks/results) and file
 BASE, OURS = "vllm", "moonep"  # the paths of benchmarks/paths.py the table compares
 
 
@@ -120,34 +130,45 @@ def replace_region(text: str, table: str, begin: str = BEGIN, end: str = END) ->
     return "".join(lines[:first + 1]) + "\n" + table + "\n" + "".join(lines[last:])
 
 
-def main(argv=None) -> int:
+def _parse(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", action="store_true",
-                        help="the layout sweep's summary into docs/performance.md instead of the README table")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--sweep", action="store_true",
+                       help="the layout sweep's summary into docs/performance.md instead of the README table")
+    which.add_argument("--fp8", action="store_true", help="the FP8 table into docs/fp8.md instead of the README table")
     parser.add_argument("--results", default=None,
-                        help="the JSON (default benchmarks/results/bench_h200.json, or sweep_h200.json)")
+                        help="the JSON (default benchmarks/results/bench_h200.json, sweep_h200.json or fp8_h200.json)")
     parser.add_argument("--readme", "--doc", dest="readme", default=None,
-                        help="the file to write (default README.md, or docs/performance.md with --sweep)")
+                        help="the file to write (default README.md, docs/performance.md or docs/fp8.md)")
     parser.add_argument("--padding", type=int, default=128, help="the token_padding whose rows the table shows")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 if the file's text differs; write nothing")
     mode.add_argument("--stdout", action="store_true", help="print the text; leave the file alone")
-    args = parser.parse_args(argv)
-    results = pathlib.Path(args.results or ROOT / "benchmarks" / "results" /
-                           ("sweep_h200.json" if args.sweep else "bench_h200.json"))
-    target = pathlib.Path(args.readme or ROOT / ("docs/performance.md" if args.sweep else "README.md"))
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    json_name, doc = DEFAULTS["sweep" if args.sweep else "fp8" if args.fp8 else "readme"]
+    results = pathlib.Path(args.results or ROOT / "benchmarks" / "results" / json_name)
+    target = pathlib.Path(args.readme or ROOT / doc)
     if not results.is_file():
         print(f"benchmarks.report: no results at {results}", file=sys.stderr)
         return 1
     result = json.loads(results.read_text())
     if args.sweep:
         table, begin, end = sweep_summary.render(result), SWEEP_BEGIN, SWEEP_END
+    elif args.fp8:
+        table, begin, end = render_fp8(result), FP8_BEGIN, FP8_END
     else:
         table, begin, end = render(result, args.padding), BEGIN, END
     if args.stdout:
         print(table, end="")
         return 0
     return _write(target, table, begin, end, results, args.check)
+
+
+_FLAG = {SWEEP_BEGIN: " --sweep", FP8_BEGIN: " --fp8"}  # the option that writes each region
 
 
 def _write(target: pathlib.Path, table: str, begin: str, end: str, results, check: bool) -> int:
@@ -163,7 +184,7 @@ def _write(target: pathlib.Path, table: str, begin: str, end: str, results, chec
     if check:
         if new != text:
             print(f"benchmarks.report: the text in {target} is not what {results} gives; "
-                  f"run python -m benchmarks.report{' --sweep' if begin == SWEEP_BEGIN else ''}", file=sys.stderr)
+                  f"run python -m benchmarks.report{_FLAG.get(begin, '')}", file=sys.stderr)
             return 1
         return 0
     if new != text:

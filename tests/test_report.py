@@ -2,9 +2,11 @@
 sweep's summary (benchmarks/sweep_summary.py) from a sweep JSON, on CPU.
 
 Small synthetic results (not the committed ones): the table's cells (floor, measured limit and the
-efficiency against it), the geometric mean, the eager host cost line, the rows of the other padding left out, a result without
-a limit, a README whose text outside the markers stays as it was; the sweep's worst case, spread and
-worst per bound; its deterministic case list.
+efficiency against it), the geometric mean, the eager host cost line, the rows of the other padding
+left out, a result without a limit, a README whose text outside the markers stays as it was; the
+sweep's worst case, spread and worst per bound; its deterministic case list; the FP8 table of
+docs/fp8.md (benchmarks/fp8_table.py) pinned whole, a path that failed shown as a dash, and the
+committed docs/fp8.md matching its JSON.
 """
 
 import json
@@ -181,3 +183,70 @@ def test_the_sweep_case_list_is_fixed_and_covers_every_axis():
     for c in cases:
         assert c.topk <= c.epn <= c.experts
         assert 3 * c.groups * c.hidden * c.inter * 2 <= sweep_cases.WEIGHT_CAP_BYTES
+
+
+def _fp8_path(us, limit_us):
+    return {"err_vs_bf16": 0.06, "tail_zero": True, "us": us, "eff_limit": limit_us / us}
+
+
+FP8_RESULT = {
+    "env": {"gpu": "NVIDIA H200", "torch": "2.14.0", "triton": "3.8.0", "date": "2030-01-02 03:04 UTC",
+            "reps": 30, "settle_s": 0.5},
+    "rows": [
+        {"shape": "a S=1", "token_padding": 128, "nvs": 256, "rows": 200, "limit": _limit(50.4),
+         "moonep_bf16": _fp8_path(110.0, 50.4), "moonep_fp8": _fp8_path(100.0, 50.4),
+         "torch_fp8": _fp8_path(250.0, 50.4)},
+        {"shape": "b S=2", "token_padding": 1, "nvs": 300, "rows": 300, "limit": _limit(60.0, "compute"),
+         "moonep_bf16": _fp8_path(90.0, 60.0), "moonep_fp8": _fp8_path(75.0, 60.0),
+         "torch_fp8": {"error": "RuntimeError: not supported"}},
+    ],
+}
+FP8_DOC = "# FP8\n\n<!-- fp8-table:begin -->\nold\n<!-- fp8-table:end -->\n\n## Limits\n"
+
+
+def test_the_fp8_table_is_pinned():
+    assert report.render_fp8(FP8_RESULT) == (
+        "NVIDIA H200, torch 2.14.0, triton 3.8.0, 2030-01-02; median of 30 CUDA-graph replays, "
+        "each path and the limit first replayed for 0.5 s.\n"
+        "\n"
+        "| shape | padding | bf16 | fp8 | torch | fp8 vs bf16 | fp8 vs torch | limit µs | fp8 vs limit |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "| a S=1 | 128 | 110 | 100 | 250 | 1.10x | 2.50x | 50 (memory) | 0.50 |\n"
+        "| b S=2 | 1 | 90 | 75 | – | 1.20x | – | 60 (compute) | 0.80 |\n"
+        "\n"
+        "fp8 against bf16: 1.20-1.20x (padding 1), 1.10-1.10x (padding 128); against torch 2.50-2.50x; "
+        "against the limit 0.50-0.80.\n")
+
+
+def test_the_fp8_table_without_env_or_fp8_times():
+    result = {"env": {}, "rows": [{**FP8_RESULT["rows"][1], "moonep_fp8": {"error": "OutOfMemoryError"}}]}
+    assert report.render_fp8(result) == (
+        "| shape | padding | bf16 | fp8 | torch | fp8 vs bf16 | fp8 vs torch | limit µs | fp8 vs limit |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "| b S=2 | 1 | 90 | – | – | – | – | 60 (compute) | – |\n"
+        "\n"
+        "No shape ran on the fp8 path.\n")
+
+
+def test_main_writes_the_fp8_table_into_its_doc(tmp_path, capsys):
+    results, doc = tmp_path / "fp8.json", tmp_path / "fp8.md"
+    results.write_text(json.dumps(FP8_RESULT))
+    doc.write_text(FP8_DOC)
+    args = ["--fp8", "--results", str(results), "--doc", str(doc)]
+    assert report.main(args + ["--check"]) == 1
+    assert "run python -m benchmarks.report --fp8" in capsys.readouterr().err
+    assert doc.read_text() == FP8_DOC
+    assert report.main(args + ["--stdout"]) == 0
+    assert capsys.readouterr().out == report.render_fp8(FP8_RESULT)
+    assert report.main(args) == 0
+    assert doc.read_text() == FP8_DOC.replace("old\n", "\n" + report.render_fp8(FP8_RESULT) + "\n")
+    assert report.main(args + ["--check"]) == 0
+
+
+def test_the_committed_fp8_doc_matches_its_json():
+    assert report.main(["--fp8", "--check"]) == 0
+
+
+def test_sweep_and_fp8_exclude_each_other():
+    with pytest.raises(SystemExit):
+        report.main(["--sweep", "--fp8", "--stdout"])
