@@ -11,9 +11,11 @@ values (decreasing, negative, past NvS, int32 extremes): unspecified results, bu
 out-of-bounds access. Every case is also checked against the float64 reference. On sm90, the
 Gluon paths that only large problems take (idle upper halves, another tensor's tail, split
 epilogues, the experts op's row-tile handoff, a PDL dependent whose first items skip idle halves), forced.
+From sm89, the FP8 ops on their test layouts (the Gluon and the Triton FP8 kernels on sm90).
 
 Prints one line per case and ``SANITIZE_CASES ran=<n> failed=<m>``; exits 1 if any failed.
-``--device cpu`` runs the same cases on the CPU kernels (a dry run of this script).
+``--device cpu`` runs the same cases on the CPU kernels (a dry run of this script); ``--only TEXT``
+runs the cases whose names contain TEXT (a re-run of what a change touched, e.g. ``--only fp8``).
 """
 
 import argparse
@@ -59,7 +61,12 @@ def problems(dtype):
     }
 
 
+ONLY = []  # --only: the case-name filter
+
+
 def _run(name, fn, results):
+    if ONLY and ONLY[0] not in name:
+        return
     t0 = time.perf_counter()
     try:
         fn()
@@ -78,10 +85,30 @@ def _set_mode(mode: str) -> None:
     flags.reload()
 
 
+# FP8 layouts (tests/test_fp8.py): few-row segments (the 64-row plain tiles on sm90), padded
+# segments (the 128-row ones), empty segments, a partial scale block, all rows in the tail.
+FP8_LAYOUTS = ("unpadded", "padded_128", "empty_segments", "partial_scale_blocks", "all_tail")
+
+
+def _fp8_cases(mode: str, results) -> None:
+    """The FP8 ops on CUDA against their float64 references (tests/test_fp8.py's checks)."""
+    from tests import test_fp8 as tf
+
+    for name in FP8_LAYOUTS:
+        layout = tf.LAYOUTS[tf.LAYOUT_IDS.index(name)]
+        _run(f"{mode} fp8 {name} experts", lambda: tf.test_experts_fp8(layout, torch.bfloat16, True, "cuda"),
+             results)
+        _run(f"{mode} fp8 {name} grouped_gemm_out",
+             lambda: tf.test_grouped_gemm_fp8_out(layout, torch.bfloat16, "cuda"), results)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
-    device = parser.parse_args().device
+    parser.add_argument("--only", default="", help="run only the cases whose names contain this text")
+    args = parser.parse_args()
+    device = args.device
+    ONLY[:] = [args.only] if args.only else []
     if device == "cuda" and not torch.cuda.is_available():
         sys.exit("sanitize_cases.py: no CUDA device")
     modes = ["default"]
@@ -101,8 +128,12 @@ def main():
                 for spec in OPS:
                     if spec.moonep_op is None:
                         continue  # composites of the public API: the same kernels again
+                    if dtype not in spec.dtypes:
+                        continue  # (the FP8 ops take bf16/fp16 activations only)
                     _run(f"{mode} {str(dtype)[6:]} {pname} {spec.name}",
                          lambda: check(spec, p, device, repeat=False), results)
+        if device == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
+            _fp8_cases(mode, results)
     # Gluon kernel paths the config table takes only on large problems, forced on small ones
     # (tests/test_cuda_gluon.py's cases, their checks included): idle upper halves, skipped by
     # segment end and by route weight 0, the fused GEMM zeroing another tensor's tail, and split

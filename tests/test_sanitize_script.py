@@ -47,3 +47,15 @@ def test_handshake_reports_with_a_failed_case_fail(tmp_path):
     assert rc == 1, summary
     assert "-> ok" in summary  # the triage alone would pass; the failed case does not
     assert "sanitize status=1" in summary
+
+
+def test_the_cases_run_each_op_in_its_own_dtypes():
+    """The case script's dry run on CPU (``--device cpu``), FP8 cases only: the FP8 ops are run
+    with the activation dtypes they take (bf16/fp16), never fp32, which they refuse."""
+    proc = subprocess.run([sys.executable, "scripts/sanitize_cases.py", "--device", "cpu", "--only", "fp8"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert summary.startswith("SANITIZE_CASES ran=") and summary.endswith(" failed=0")
+    assert int(summary.split("ran=")[1].split()[0]) > 0
+    assert "float32" not in proc.stdout
