@@ -2,8 +2,9 @@
 
 :class:`Descriptors` (global memory through TMA), :class:`SharedMemory` (the ring, the epilogue
 and zero buffers, the mbarriers), :class:`Problem` (pointers and runtime sizes), :class:`Scales`
-(the FP8 block scales), and the compile-time :class:`Tiling` and :class:`Features`. The constexprs travel as ``gl.constexpr``
-fields of an aggregate: in a tuple variable they would be turned into tensors on assignment.
+(the FP8 block scales), and the compile-time :class:`Tiling` and :class:`Features`. The
+constexprs travel as ``gl.constexpr`` fields of an aggregate: in a tuple variable they would be
+turned into tensors on assignment.
 
 A worker partition's arguments, flattened field by field, become the ``warp_specialize`` op's
 captures in that order (values that no partition reads are dropped), and the generated code

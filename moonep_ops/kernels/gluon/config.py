@@ -108,14 +108,13 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig:
 
 def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0) -> GluonConfig:
     """The config of the FP8 GEMMs (e4m3 ``a`` and weights with block scales): one 128-deep scale
-    block per stage. Each K block's product is scaled on the CUDA cores before it is added, so the
-    fused GEMM (two products per block) runs ping-pong 64 x 128 tiles: one consumer's scaling and
-    epilogue run under the other's MMAs (on the benchmark shapes 1.15-1.35x the cooperative
-    128 x 128 tiles). Its 40 KiB stages: five beside the two 8 KiB ``act`` buffers. The plain GEMM
-    keeps its next MMA in flight while it scales, so cooperative 128 x 128 tiles (32 KiB stages, a
-    32 KiB output buffer: five) win, except on buffers with segments of a few rows (fewer than 16
-    per group: unpadded decode), whose row tiles are mostly empty: there 64-row ping-pong tiles
-    (24 KiB stages: seven)."""
+    block per stage. The fused GEMM runs ping-pong 64 x 128 tiles: one consumer's epilogue (the
+    activation, its quantization, the stores) runs under the other's main loop (on the benchmark
+    shapes 1.14-1.50x the cooperative 128 x 128 tiles). Its 40 KiB stages: five beside the two
+    8 KiB ``act`` buffers. The plain GEMM keeps its next MMA in flight while it scales, so
+    cooperative 128 x 128 tiles (32 KiB stages, a 32 KiB output buffer: five) win, except on
+    buffers with segments of a few rows (fewer than 16 per group: unpadded decode), whose row
+    tiles are mostly empty: there 64-row ping-pong tiles (24 KiB stages: seven)."""
     tail_by_producer = k >= 2048
     if fused:
         return GluonConfig(block_m=64, block_n=128, block_k=128, stages=5, pingpong=True,
