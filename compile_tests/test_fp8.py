@@ -34,6 +34,15 @@ def experts(x, w_gate, sg, w_up, su, w_down, sd, rw, cu):
                                      w_down_scale=sd)
 
 
+def _check_compiled(fn, backend, inputs, device):
+    """``fn`` compiled with ``fullgraph=True``: one frame, no graph break, the checks of :func:`_check`."""
+    counter = CompileCounterWithBackend(backend)
+    out = torch.compile(fn, backend=counter, fullgraph=True)(*inputs)
+    assert_no_graph_breaks()
+    assert counter.frame_count == 1
+    _check(out, experts(*inputs), inputs, device)
+
+
 def _check(out, eager, inputs, device):
     live = int(inputs[-1][-1])
     assert out.shape == eager.shape and out.dtype == torch.bfloat16
@@ -46,12 +55,7 @@ def _check(out, eager, inputs, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_experts_fp8_fullgraph(backend, device, fresh_dynamo):
-    inputs = fp8_inputs(device)
-    counter = CompileCounterWithBackend(backend)
-    out = torch.compile(experts, backend=counter, fullgraph=True)(*inputs)
-    assert_no_graph_breaks()
-    assert counter.frame_count == 1
-    _check(out, experts(*inputs), inputs, device)
+    _check_compiled(experts, backend, fp8_inputs(device), device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -67,11 +71,7 @@ def test_experts_fp8_out_fullgraph(backend, device, fresh_dynamo):
                                   w_down_scale=sd)
         return out
 
-    counter = CompileCounterWithBackend(backend)
-    out = torch.compile(experts_into, backend=counter, fullgraph=True)(*inputs)
-    assert_no_graph_breaks()
-    assert counter.frame_count == 1
-    _check(out, experts(*inputs), inputs, device)
+    _check_compiled(experts_into, backend, inputs, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -50,11 +50,9 @@ def choose_gluon(a, w, w_up, out):
     """The Gluon kernel's config for e4m3 ``a`` against ``w`` (and ``w_up``: the fused GEMM), or
     None where TMA cannot address the operands."""
     from ..gluon import config
-    from ..triton.grouped_gemm import tma_addressable
-    from ..triton.grouped_gemm_fp8 import tma_weights
+    from ..triton.grouped_gemm import tma_addressable, tma_usable
 
-    weights = (w,) if w_up is None else (w, w_up)
-    if not (tma_addressable(a) and a.numel() > 0 and tma_addressable(out) and all(map(tma_weights, weights))):
+    if not (tma_usable(a, *((w,) if w_up is None else (w, w_up))) and tma_addressable(out)):
         return None
     return config.gluon_fp8_config(w.shape[1], a.shape[1], a.shape[0], w_up is not None, groups=w.shape[0])
 

@@ -117,14 +117,14 @@ def _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0
         # it is stored straight from registers (rare tiles), zeros above, masked at the segment end.
         live_end = gl.minimum(end, problem.NUM_ROWS)
         store_rows(problem.out_ptr, acc.to(out_desc.dtype),
-                    row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout)),
-                    col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout)), live_end, problem.N,
-                    problem.stride_om)
+                   row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout)),
+                   col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout)), live_end, problem.N,
+                   problem.stride_om)
         zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
         store_rows(problem.out_ptr, gl.zeros([BLOCK_M - ROWS, BLOCK_N], out_desc.dtype, zero_layout),
-                    row_lo + ROWS + gl.arange(0, BLOCK_M - ROWS, layout=gl.SliceLayout(1, zero_layout)),
-                    col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zero_layout)), live_end, problem.N,
-                    problem.stride_om)
+                   row_lo + ROWS + gl.arange(0, BLOCK_M - ROWS, layout=gl.SliceLayout(1, zero_layout)),
+                   col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zero_layout)), live_end, problem.N,
+                   problem.stride_om)
 
 
 @gluon.jit
@@ -219,5 +219,5 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
                 0, BLOCK_M, layout=gl.SliceLayout(1, zero_layout))
             cols = (j % problem.col_tiles) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zero_layout))
             store_rows(problem.out_ptr, zeros, rows, cols, problem.NUM_ROWS, problem.N,
-                        problem.stride_om)  # rows >= live_end >= 0
+                       problem.stride_om)  # rows >= live_end >= 0
     tma.store_wait(0)
