@@ -95,17 +95,26 @@ def test_epilogue_n_is_the_whole_tile_or_half_of_it():
                               "block_n // 2 = 64, got 32")
 
 
+@pytest.mark.parametrize("fields", [dict(pingpong=False, stages=4), dict(stages=5), dict(stages=4, handoff=True)],
+                         ids=["cooperative", "odd_stages", "handoff"])
+def test_split_ring_needs_pingpong_even_stages_and_no_handoff(fields):
+    """Each ping-pong consumer gets half of the ring; the handoff's dynamic schedule hands items to
+    the consumers in turn, which split rings do not have."""
+    assert configs.GluonConfig(stages=4, split_ring=True).consumers == 2
+    with pytest.raises(ValueError, match="GluonConfig: split_ring needs ping-pong, no handoff and an even number"):
+        configs.GluonConfig(split_ring=True, **fields)
+
+
 def test_fp8_configs():
-    """The FP8 GEMMs: 128-deep K blocks (the scale block) and 128 columns (one weight-scale block;
-    the fused GEMM's act scale group); the fused GEMM in ping-pong 64-row tiles, the plain one in
-    cooperative 128-row tiles unless its segments hold a few rows each (unpadded decode)."""
+    """The FP8 GEMMs: 128-deep K blocks (the scale block), 128 columns (one weight-scale block; the
+    fused GEMM's act scale group), ping-pong 64-row tiles whose consumers each have a producer and
+    half of the ring: two stages each for the fused GEMM, four for the plain one."""
     pick = configs.gluon_fp8_config
-    for nvs, groups in ((13312, 104), (8192, 48), (45056, 104), (512, 128)):  # kimi-k2 EP8, qwen3 S=64
+    for nvs, groups in ((13312, 104), (8192, 48), (45056, 104), (512, 128), (1500, 104)):
         fused = pick(2048, 7168, nvs, fused=True, groups=groups)
-        assert (fused.block_m, fused.block_n, fused.block_k, fused.pingpong) == (64, 128, 128, True)
-        assert fused.stages == 5 and not fused.handoff and not fused.skip_idle_half
-    assert pick(7168, 2048, 13312, fused=False, groups=104) == configs.GluonConfig(
-        block_n=128, block_k=128, stages=5, pingpong=False, tail_by_producer=True)  # kimi-k2 decode, padded
-    assert pick(7168, 2048, 1500, fused=False, groups=104) == configs.GluonConfig(
-        block_m=64, block_n=128, block_k=128, stages=7, pingpong=True, tail_by_producer=True)  # unpadded
+        assert fused == configs.GluonConfig(block_m=64, block_n=128, block_k=128, stages=4, pingpong=True,
+                                            split_ring=True, tail_by_producer=True)
+        plain = pick(7168, 2048, nvs, fused=False, groups=groups)
+        assert plain == configs.GluonConfig(block_m=64, block_n=128, block_k=128, stages=8, pingpong=True,
+                                            split_ring=True, tail_by_producer=True)
     assert not pick(2048, 768, 48896, fused=False, groups=128).tail_by_producer  # qwen3 down: K = 768

@@ -36,6 +36,9 @@ PLAIN = {
     "coop_n256_split_tail_by_consumers": dict(pingpong=False, block_n=256, stages=4, epilogue_n=128,
                                               tail_by_producer=False),
     "pingpong_n128_s6_split": dict(stages=6, epilogue_n=64),
+    # Each ping-pong consumer with its own producer warp and half of the ring (main loops at once).
+    "pingpong_split_ring": dict(stages=4, split_ring=True),
+    "pingpong_split_ring_tail_by_consumers": dict(stages=4, split_ring=True, tail_by_producer=False),
 }
 FUSED = {
     "pingpong_n64_s6": dict(block_n=64, stages=6),
@@ -43,6 +46,7 @@ FUSED = {
     "coop_n128_rows": dict(pingpong=False, stages=4, group_major=False),
     "pingpong_n64_k128_s3": dict(block_n=64, block_k=128, stages=3),  # BLOCK_K 128 (no table pick uses it)
     "coop_n128_s4_split": dict(pingpong=False, stages=4, epilogue_n=64),  # a split epilogue
+    "pingpong_n64_split_ring": dict(block_n=64, stages=6, split_ring=True),
 }
 # TMA needs 16-byte row strides: K and N multiples of 8. Partial tiles (segments not multiples of
 # 128), empty groups, a tail, N and K not multiples of the blocks, G > 1024 (the chunked scan), a
@@ -86,7 +90,8 @@ def test_fused(layout, cfg, with_weights):
     assert torch.isnan(out[layout.total:]).all(), "zero_tail=False must leave the tail unwritten"
 
 
-@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"]], ids=["pingpong", "coop"])
+@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"], FUSED["pingpong_n64_split_ring"]],
+                         ids=["pingpong", "coop", "split_ring"])
 def test_fused_zeroes_its_tail_when_asked(cfg):
     """The fused GEMM's own tail (the ``grouped_gemm_silu_mul`` op zeroes it), by the producer."""
     layout = GLUON_LAYOUTS[3]
@@ -99,7 +104,8 @@ def test_fused_zeroes_its_tail_when_asked(cfg):
 
 
 @pytest.mark.parametrize("layout", [GLUON_LAYOUTS[3], GLUON_LAYOUTS[4], GLUON_LAYOUTS[1]], ids=str)
-@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"]], ids=["pingpong", "coop"])
+@pytest.mark.parametrize("cfg", [FUSED["pingpong_n64_s6"], FUSED["coop_n128_s4"], FUSED["pingpong_n64_split_ring"]],
+                         ids=["pingpong", "coop", "split_ring"])
 def test_fused_zeroes_the_tail_of_another_tensor(layout, cfg):
     """``tail_out`` (the experts op's ``out``, zeroed by the fused GEMM's producer while it computes):
     its tail rows come back zero, in all its columns (520: not a multiple of the block); its live

@@ -194,6 +194,24 @@ def test_experts_fp8_out(layout, dtype, in_place, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_experts_fp8_on_moonep_padding(dtype, device):
+    """Padding rows as MoonEP's dispatch writes them: zero rows of route weight 0 (64-row tiles of
+    nothing but padding, which the sm90 kernels skip, and tiles that mix both)."""
+    layout = Layout("moonep_padding", (128, 0, 128, 256, 128), 677, k=256, n=144, padded_to=128,
+                    real_rows=(100, 0, 3, 130, 64))
+    args = _experts_args(layout, dtype, device)
+    x, w_gate, sg, w_up, su, w_down, sd, rw, cu = args
+    start = 0
+    for size, real in zip(layout.sizes, layout.real_rows):
+        rw[start + real:start + size] = 0.0
+        start += size
+    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, w_gate_scale=sg, w_up_scale=su,
+                                    w_down_scale=sd)
+    _check(out, ref_experts_fp8(*args), layout, dtype, device, _experts_tolerance(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_experts_fp8_out_op_in_place(device):
     layout = LAYOUTS[LAYOUT_IDS.index("padded_128")]
     args = _experts_args(layout, torch.bfloat16, device)

@@ -159,22 +159,26 @@ class Scales:
 
 @aggregate
 class Tiling:
-    """Tile shape, ring depth, consumers (2: ping-pong, 1: cooperative) and item order."""
+    """Tile shape, ring depth (of a partition's ring: half the stages with ``SPLIT_RING``),
+    consumers (2: ping-pong, 1: cooperative), ``SPLIT_RING`` (each ping-pong consumer has its own
+    producer and ring) and item order."""
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
     BLOCK_K: gl.constexpr
     STAGES: gl.constexpr
     CONSUMERS: gl.constexpr
     GROUP_MAJOR: gl.constexpr
+    SPLIT_RING: gl.constexpr
 
     @constexpr_function
-    def __init__(self, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR):
+    def __init__(self, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR, SPLIT_RING=False):
         self.BLOCK_M = _field(BLOCK_M)
         self.BLOCK_N = _field(BLOCK_N)
         self.BLOCK_K = _field(BLOCK_K)
         self.STAGES = _field(STAGES)
         self.CONSUMERS = _field(CONSUMERS)
         self.GROUP_MAJOR = _field(GROUP_MAJOR)
+        self.SPLIT_RING = _field(SPLIT_RING)
 
 
 @aggregate

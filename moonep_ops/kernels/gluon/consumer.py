@@ -5,7 +5,8 @@ so that one's epilogue runs under the other's main loop (ping-pong); or both war
 tile, 64 rows each (cooperative). In ping-pong the main loops also take turns explicitly
 (``turn``): a consumer waits for the other one's main loop to end before waiting on its own first
 stage; without that, a consumer could wait on a stage a whole lap of the ring ahead, which a
-parity wait cannot tell from the current lap.
+parity wait cannot tell from the current lap. With ``SPLIT_RING`` each consumer has its own ring
+and producer (:mod:`.kernel`), so the two main loops run at once and need no turns.
 
 The main loop keeps at most one step's MMAs in flight: once a step's MMAs are issued it waits for
 the previous step's and releases their stage (``empty``) to the producer. The fused SwiGLU GEMM
@@ -74,7 +75,7 @@ def _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0
             acc = warpgroup_mma_wait(1, deps=(acc, ))
         mbarrier.arrive(smem.empty.index((ring_pos + STAGES - 1) % STAGES), count=1, pred=k_step > 0)
         ring_pos += 1
-    if tiling.CONSUMERS == 2:
+    if tiling.CONSUMERS == 2 and not tiling.SPLIT_RING:
         mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)  # every stage of this item has landed
     if FUSED:
         acc, acc_up = warpgroup_mma_wait(0, deps=(acc, acc_up))
@@ -140,10 +141,12 @@ def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, 
     # With TURN_AFTER_CHECK the idle check (a load of 64 weights) is made before waiting for this
     # consumer's turn (with a dynamic schedule the turn comes first: the item id is in the ring).
     idle_upper = idle_half(SKIP_HALF, problem, row_lo, end, BLOCK_M, features.SKIP_BY_WEIGHT, WARPS)
-    if SKIP_HALF:
+    if SKIP_HALF and not tiling.SPLIT_RING:
         if TURN_AFTER_CHECK:
             mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
-    ring_pos = i * k_steps  # the ring position of this item's first stage (the producer's count)
+    # the ring position of this item's first stage (the producer's count; with SPLIT_RING each
+    # consumer has its own ring and producer)
+    ring_pos = (i // tiling.CONSUMERS if tiling.SPLIT_RING else i) * k_steps
     if features.FP8:
         tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row_lo, col_tile * tiling.BLOCK_N,
                  end, ring_pos, k_steps, PARITY, WARPS)
@@ -198,7 +201,7 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
     else:
         n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
         for i in range(PARITY, n_local, CONSUMERS):
-            if CONSUMERS == 2 and not features.SKIP_IDLE_HALF:
+            if CONSUMERS == 2 and not features.SKIP_IDLE_HALF and not tiling.SPLIT_RING:
                 # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
                 mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
             segment, pending = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, segment,

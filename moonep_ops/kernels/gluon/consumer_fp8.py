@@ -6,7 +6,9 @@ times the weight block's scale and added to an fp32 accumulator. The plain GEMM 
 step's MMA in flight while it scales the previous step's product (two partial products in
 registers), so that the scale step runs on the CUDA cores while the tensor cores work. The fused
 GEMM holds two accumulators already, and a fourth ``[64, 128]`` fp32 tile per warpgroup would not
-fit the registers: it runs each MMA (gate, then up) to completion before scaling its product.
+fit the registers: it runs each MMA (gate, then up) to completion before scaling its product. Both
+leave their tensor cores idle while they scale; the FP8 configs give each ping-pong consumer its
+own ring (``SPLIT_RING``), so that the other consumer's MMAs run then.
 
 The epilogue of the plain GEMM rounds to ``out``'s dtype; the fused GEMM's computes
 ``silu(gate) * up * route_weight`` and quantizes it per row over the tile's 128 columns (its one
@@ -133,12 +135,12 @@ def tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row
         u_block = group.to(gl.int64) * scales.stride_ug + (col0 // 128) * scales.stride_un
         acc, acc_up = _fused_mainloop(smem, a_scales, row_mask, scales.w_ptr + w_block, scales.w_up_ptr + u_block,
                                       ring_pos, k_steps, acc, acc, STAGES)
-        if tiling.CONSUMERS == 2:
+        if tiling.CONSUMERS == 2 and not tiling.SPLIT_RING:
             mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
         _fused_epilogue(acc, acc_up, out_buf, problem, scales, features, rows, row_mask, col0, acc_layout, BLOCK_N)
     else:
         acc = _plain_mainloop(smem, a_scales, row_mask, scales.w_ptr + w_block, ring_pos, k_steps, acc, STAGES)
-        if tiling.CONSUMERS == 2:
+        if tiling.CONSUMERS == 2 and not tiling.SPLIT_RING:
             mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
         tma.store_wait(0)  # the previous store has read out_buf
         out_buf.store(acc.to(descs.out.dtype))

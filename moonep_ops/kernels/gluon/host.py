@@ -152,7 +152,7 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 SIGNAL_ROWS=handoff is not None and role is PdlRole.PRIMARY,
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
                 MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,
-                num_warps=cfg.num_warps)
+                SPLIT_RING=cfg.split_ring, num_warps=cfg.num_warps)
 
 
 def _compile_and_launch(grid, kwargs, role: PdlRole):

@@ -11,7 +11,8 @@ stages (:mod:`.producer`), consumer warpgroups issuing wgmma and storing through
 the launch-to-launch synchronization of :mod:`.sync`.
 
 This module is the entry: totals from a scan of ``cu_seqlens``, the shared-memory allocation,
-the mbarriers, and the fork into partitions. Nothing syncs the host.
+the mbarriers, and the fork into partitions: with ``SPLIT_RING`` two independent pipelines, each a
+ping-pong consumer with its own producer warp and half of the stages. Nothing syncs the host.
 """
 
 from triton.experimental import gluon
@@ -36,7 +37,8 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               TAIL_BY_PRODUCER: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
                               WAIT_PRIOR: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr,
                               SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr, MAX_POLLS: gl.constexpr,
-                              HALF_LOADS: gl.constexpr, FP8: gl.constexpr, num_warps: gl.constexpr):
+                              HALF_LOADS: gl.constexpr, FP8: gl.constexpr, SPLIT_RING: gl.constexpr,
+                              num_warps: gl.constexpr):
     """Arguments: the TMA descriptors of :func:`.host.descriptors`; ``out`` again as a pointer
     (masked stores); a weight per row of ``a`` (route weights, or zeros marking idle rows);
     ``cu_seqlens``; the row-tile handoff's state (:class:`.host.Handoff`); the sizes; ``ZERO_N``:
@@ -65,12 +67,20 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
 
     CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
     PRODUCER_TAIL: gl.constexpr = ZERO_TAIL and TAIL_BY_PRODUCER
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    RING: gl.constexpr = STAGES // 2 if SPLIT_RING else STAGES  # the stages of one ring
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [RING, BLOCK_M, BLOCK_K], a_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [RING, BLOCK_N, BLOCK_K], w_desc.layout)
     if FUSED:
-        w_up_bufs = gl.allocate_shared_memory(w_up_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_up_desc.layout)
+        w_up_bufs = gl.allocate_shared_memory(w_up_desc.dtype, [RING, BLOCK_N, BLOCK_K], w_up_desc.layout)
     else:
         w_up_bufs = w_bufs  # unused
+    if SPLIT_RING:  # the second consumer's ring
+        a_bufs_1 = gl.allocate_shared_memory(a_desc.dtype, [RING, BLOCK_M, BLOCK_K], a_desc.layout)
+        w_bufs_1 = gl.allocate_shared_memory(w_desc.dtype, [RING, BLOCK_N, BLOCK_K], w_desc.layout)
+        if FUSED:
+            w_up_bufs_1 = gl.allocate_shared_memory(w_up_desc.dtype, [RING, BLOCK_N, BLOCK_K], w_up_desc.layout)
+        else:
+            w_up_bufs_1 = w_bufs_1  # unused
     # The epilogue buffers: a whole tile, or half its columns (a split epilogue)
     out_bufs = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS, BLOCK_M, out_desc.block_type.shape[1]],
                                          out_desc.layout)
@@ -82,30 +92,46 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         item_ids = gl.allocate_shared_memory(gl.int32, [STAGES, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
         item_ids = zero_buf  # unused
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(RING):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
+    if SPLIT_RING:
+        ready_1 = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+        empty_1 = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(RING):
+            mbarrier.init(ready_1.index(i), count=1)
+            mbarrier.init(empty_1.index(i), count=1)
 
     descs = Descriptors(a_desc, a_half_desc, w_desc, w_up_desc, zero_desc, out_desc)
-    smem = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
     problem = Problem(out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
                       FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles)
     scales = Scales(a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg, stride_wsn,
                     stride_usg, stride_usn, stride_osm)
-    tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR)
     features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, PRODUCER_TAIL, SKIP_IDLE_HALF,
                         SKIP_BY_WEIGHT, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS)
-    # (The consumers' tuples are written out: `args + (0, num_warps)` would pass plain ints, not constexprs.)
-    if PINGPONG:  # two one-warpgroup consumers on alternate items
-        gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
-                            (consumer, (smem, descs, problem, scales, tiling, features, 1, num_warps)),
-                            (producer, (descs, smem, problem, tiling, features))],
-                           [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:  # one two-warpgroup consumer
-        gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
-                            (producer, (descs, smem, problem, tiling, features))], [1], [PRODUCER_REGS])
+    if SPLIT_RING:  # two pipelines at once: consumer c and producer c on ring c
+        ring0 = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
+        ring1 = SharedMemory(a_bufs_1, w_bufs_1, w_up_bufs_1, out_bufs, zero_buf, ready_1, empty_1, turn, item_ids)
+        tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, RING, CONSUMERS, GROUP_MAJOR, True)
+        gl.warp_specialize([(consumer, (ring0, descs, problem, scales, tiling, features, 0, num_warps)),
+                            (consumer, (ring1, descs, problem, scales, tiling, features, 1, num_warps)),
+                            (producer, (descs, ring0, problem, tiling, features, 0)),
+                            (producer, (descs, ring1, problem, tiling, features, 1))],
+                           [num_warps, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+    else:
+        smem = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
+        tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR)
+        # (The consumers' tuples are written out: `args + (0, num_warps)` would pass plain ints, not constexprs.)
+        if PINGPONG:  # two one-warpgroup consumers on alternate items, taking turns
+            gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
+                                (consumer, (smem, descs, problem, scales, tiling, features, 1, num_warps)),
+                                (producer, (descs, smem, problem, tiling, features, 0))],
+                               [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:  # one two-warpgroup consumer
+            gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
+                                (producer, (descs, smem, problem, tiling, features, 0))], [1], [PRODUCER_REGS])

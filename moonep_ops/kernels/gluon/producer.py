@@ -2,7 +2,8 @@
 
 It runs ahead of the consumers across tile boundaries, item after item, stage after stage: it
 waits for a stage's ``empty`` barrier (the MMAs that read it finished), sets its ``ready`` barrier
-to expect the stage's bytes and issues the loads of ``a``, ``w`` (and ``w_up``) into it.
+to expect the stage's bytes and issues the loads of ``a``, ``w`` (and ``w_up``) into it. With
+``SPLIT_RING`` there are two producers, each loading its consumer's items into its own ring.
 
 Besides the loads:
 
@@ -119,10 +120,19 @@ def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half
 
 
 @gluon.jit
-def producer(descs, smem, problem, tiling, features):
-    """The producer partition: this program's items' loads, then the rest of its tail chunks."""
+def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
+    """The producer partition: this program's items' loads, then the rest of its tail chunks.
+    With ``SPLIT_RING``, producer ``LANE`` loads the items of consumer ``LANE`` (every other item
+    of the program) into its own ring, and producer 0 alone zeroes the tail."""
     pid = gl.program_id(0)
     num_progs = gl.num_programs(0)
+    if tiling.SPLIT_RING:  # every other item of the program, from the LANE-th
+        first = pid + LANE * num_progs
+        stride = 2 * num_progs
+    else:
+        first = pid
+        stride = num_progs
+    PRODUCER_TAIL: gl.constexpr = features.PRODUCER_TAIL and LANE == 0
     k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
     GROUP_MAJOR: gl.constexpr = tiling.GROUP_MAJOR
     BLOCK_M: gl.constexpr = tiling.BLOCK_M
@@ -133,11 +143,11 @@ def producer(descs, smem, problem, tiling, features):
     end = 0
     prefetched = 0  # stages whose weight loads were issued before the grid-wide wait
     if features.WAIT_PRIOR and not features.HANDOFF:
-        if pid < problem.real_items:
+        if first < problem.real_items:
             # The first item's weight loads (and its idle check: the row weights are this call's
             # input too) before the wait, its `a` loads (the prior kernel's output) after.
             group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-                problem, tiling, pid, group, tiles_before, tiles_through, start, end)
+                problem, tiling, first, group, tiles_before, tiles_through, start, end)
             half = idle_half(features.HALF_LOADS, problem, row_lo, end, BLOCK_M, features.SKIP_BY_WEIGHT, 1)
             prefetched = gl.minimum(k_steps, tiling.STAGES)
             for k_step in range(prefetched):
@@ -148,7 +158,7 @@ def producer(descs, smem, problem, tiling, features):
     zero_mine = 0  # this program's tail chunks: pid, pid + num_progs, ...
     zero_done = 0
     stages_mine = 0  # the ring stages to spread them over (an estimate under HANDOFF)
-    if features.PRODUCER_TAIL:
+    if PRODUCER_TAIL:
         ZERO_ROWS: gl.constexpr = descs.zero.block_type.shape[0]
         ZERO_N: gl.constexpr = descs.zero.block_type.shape[1]
         zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // ZERO_N, ZERO_N // 8], [1, 1], [1, 0])
@@ -156,7 +166,7 @@ def producer(descs, smem, problem, tiling, features):
         fence_async_shared()
         zero_total = gl.cdiv(problem.NUM_ROWS - problem.live_end, ZERO_ROWS) * problem.zero_col_tiles
         zero_mine = gl.cdiv(gl.maximum(zero_total - pid, 0), num_progs)
-        stages_mine = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs) * k_steps
+        stages_mine = gl.cdiv(gl.maximum(problem.real_items - first, 0), stride) * k_steps
     ring_pos = 0
     if features.HANDOFF:
         grid_waited = 0
@@ -183,14 +193,14 @@ def producer(descs, smem, problem, tiling, features):
                 mbarrier.arrive(smem.ready.index(stage), count=1)
                 ring_pos += 1
     else:
-        for item in range(pid, problem.real_items, num_progs):
+        for item in range(first, problem.real_items, stride):
             group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
                 problem, tiling, item, group, tiles_before, tiles_through, start, end)
             half = idle_half(features.HALF_LOADS, problem, row_lo, end, BLOCK_M, features.SKIP_BY_WEIGHT, 1)
             ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
                                              group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,
                                              prefetched, k_steps, zero_done, zero_mine, stages_mine)
-    if features.PRODUCER_TAIL:
+    if PRODUCER_TAIL:
         while zero_done < zero_mine:  # all of it when this program has no real items
             _zero_chunk(descs.zero, smem.zero_buf, pid + zero_done * num_progs, problem.live_end,
                         problem.zero_col_tiles)
