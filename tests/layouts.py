@@ -73,14 +73,21 @@ def fill_tail_nan(t: torch.Tensor, start: int) -> torch.Tensor:
     return t
 
 
+def zero_padding_rows(layout: Layout, t: torch.Tensor) -> torch.Tensor:
+    """Zero the padding rows of each segment (past its ``real_rows``) of ``t`` (rows, or route
+    weights: MoonEP's padding has weight 0), in place."""
+    start = 0
+    for size, real in zip(layout.sizes, layout.real_rows):
+        t[start + real:start + size] = 0
+        start += size
+    return t
+
+
 def _rows(layout: Layout, cols: int, dtype, device, scale=1.0) -> torch.Tensor:
     """``[NvS, cols]`` random rows, zero padding rows, NaN tail."""
     t = torch.randn(layout.nvs, cols, dtype=torch.float32, device=device) * scale
     if layout.padded_to > 1:
-        start = 0
-        for size, real in zip(layout.sizes, layout.real_rows):
-            t[start + real:start + size] = 0
-            start += size
+        zero_padding_rows(layout, t)
     t = t.to(dtype)
     return fill_tail_nan(t, layout.total)
 

@@ -13,7 +13,7 @@ import torch
 
 from moonep_ops.kernels.cuda import paths
 from moonep_ops.kernels.gluon.config import gluon_gemm_config
-from .layouts import Layout, _padded, experts_inputs, grouped_gemm_inputs
+from .layouts import Layout, _padded, experts_inputs, grouped_gemm_inputs, zero_padding_rows
 from .reference import TOLERANCE, experts_ref, grouped_gemm_ref, grouped_gemm_silu_mul_ref, rel_err
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -257,14 +257,6 @@ def test_idle_upper_halves_are_skipped_exactly_where_they_should(name):
     assert torch.equal(outs[True][live], outs[False][live]), "the skip changed a live row"
 
 
-def _zero_padding_weights(layout, rw):
-    start = 0
-    for size, real in zip(layout.sizes, layout.real_rows):
-        rw[start + real:start + size] = 0.0
-        start += size
-    return rw
-
-
 def test_public_ops_on_moonep_padding_with_zero_weights():
     """The public ops on MoonEP layouts whose padding rows are zero with weight 0 (as dispatch
     writes them), where the config table skips idle upper halves: ``moonep_experts`` whose down
@@ -283,7 +275,7 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
         fused_cfg = gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
         assert fused_cfg.skip_idle_half == fused_cfg.handoff == (layout.nvs == 13312)
         x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
-        rw = _zero_padding_weights(layout, rw)
+        rw = zero_padding_rows(layout, rw)
         out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
         ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
         assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
@@ -296,7 +288,7 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
     assert cfg.skip_idle_half and cfg.takes_out_tail
     assert gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).skip_idle_half  # its down GEMM
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
-    rw = _zero_padding_weights(layout, rw)
+    rw = zero_padding_rows(layout, rw)
     pad = rw[:layout.total] == 0
     act = moonep_ops.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
     ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)

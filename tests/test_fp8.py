@@ -18,7 +18,7 @@ import moonep_ops
 from moonep_ops import fp8
 
 from .conftest import DEVICES
-from .layouts import Layout, experts_inputs, fp8_experts_inputs
+from .layouts import Layout, experts_inputs, fp8_experts_inputs, zero_padding_rows
 from .reference import (TOLERANCE, experts_ref, grouped_gemm_ref, rel_err, row_groups,
                         silu_mul_weight_ref)
 
@@ -202,10 +202,7 @@ def test_experts_fp8_on_moonep_padding(dtype, device):
                     real_rows=(100, 0, 3, 130, 64))
     args = _experts_args(layout, dtype, device)
     x, w_gate, sg, w_up, su, w_down, sd, rw, cu = args
-    start = 0
-    for size, real in zip(layout.sizes, layout.real_rows):
-        rw[start + real:start + size] = 0.0
-        start += size
+    zero_padding_rows(layout, rw)
     out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, w_gate_scale=sg, w_up_scale=su,
                                     w_down_scale=sd)
     _check(out, ref_experts_fp8(*args), layout, dtype, device, _experts_tolerance(device))

@@ -115,12 +115,12 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
     tiles of one 128-deep scale block per stage, each consumer fed by its own producer from its own
     half of the ring (``split_ring``). A consumer's tensor cores idle while it scales a K block's
     product, so the two main loops run at once, each scaling under the other's MMAs (taking turns,
-    they left the tensor cores idle then). Against taking turns on one ring, on the benchmark
-    shapes: the gate/up GEMM 1.0-1.37x (the most on kimi-k2 S=1024); the down GEMM even on padded
-    layouts and 1.1-1.25x on unpadded ones, where 128-row cooperative tiles had run before. One
+    they left the tensor cores idle then). On the benchmark shapes the gate/up GEMM runs 1.0-1.37x
+    the same tiles taking turns on one ring (the most on kimi-k2 S=1024); the down GEMM matches
+    cooperative 128 x 128 tiles on padded layouts and runs 1.1-1.4x them on unpadded ones. One
     consumer's epilogue (for the fused GEMM: the activation, its quantization, the stores) still
     runs under the other's main loop. The fused GEMM's 40 KiB stages: two per ring beside the two
     8 KiB ``act`` buffers; the plain GEMM's 24 KiB stages: four per ring beside two 16 KiB output
-    buffers. ``groups`` is not used (the signature of :func:`gluon_gemm_config`)."""
+    buffers. Only ``fused`` and ``k`` matter; the other arguments are :func:`gluon_gemm_config`'s."""
     return GluonConfig(block_m=64, block_n=128, block_k=128, stages=4 if fused else 8, pingpong=True,
                        split_ring=True, tail_by_producer=k >= 2048)
