@@ -68,19 +68,9 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
     PRODUCER_TAIL: gl.constexpr = ZERO_TAIL and TAIL_BY_PRODUCER
     RING: gl.constexpr = STAGES // 2 if SPLIT_RING else STAGES  # the stages of one ring
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [RING, BLOCK_M, BLOCK_K], a_desc.layout)
-    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [RING, BLOCK_N, BLOCK_K], w_desc.layout)
-    if FUSED:
-        w_up_bufs = gl.allocate_shared_memory(w_up_desc.dtype, [RING, BLOCK_N, BLOCK_K], w_up_desc.layout)
-    else:
-        w_up_bufs = w_bufs  # unused
+    a_bufs, w_bufs, w_up_bufs = _ring_buffers(a_desc, w_desc, w_up_desc, RING, FUSED)
     if SPLIT_RING:  # the second consumer's ring
-        a_bufs_1 = gl.allocate_shared_memory(a_desc.dtype, [RING, BLOCK_M, BLOCK_K], a_desc.layout)
-        w_bufs_1 = gl.allocate_shared_memory(w_desc.dtype, [RING, BLOCK_N, BLOCK_K], w_desc.layout)
-        if FUSED:
-            w_up_bufs_1 = gl.allocate_shared_memory(w_up_desc.dtype, [RING, BLOCK_N, BLOCK_K], w_up_desc.layout)
-        else:
-            w_up_bufs_1 = w_bufs_1  # unused
+        a_bufs_1, w_bufs_1, w_up_bufs_1 = _ring_buffers(a_desc, w_desc, w_up_desc, RING, FUSED)
     # The epilogue buffers: a whole tile, or half its columns (a split epilogue)
     out_bufs = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS, BLOCK_M, out_desc.block_type.shape[1]],
                                          out_desc.layout)
@@ -92,20 +82,12 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         item_ids = gl.allocate_shared_memory(gl.int32, [STAGES, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
         item_ids = zero_buf  # unused
-    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    ready, empty = _ring_barriers(RING)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(RING):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     if SPLIT_RING:
-        ready_1 = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-        empty_1 = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(RING):
-            mbarrier.init(ready_1.index(i), count=1)
-            mbarrier.init(empty_1.index(i), count=1)
+        ready_1, empty_1 = _ring_barriers(RING)
 
     descs = Descriptors(a_desc, a_half_desc, w_desc, w_up_desc, zero_desc, out_desc)
     problem = Problem(out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
@@ -135,3 +117,29 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         else:  # one two-warpgroup consumer
             gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
                                 (producer, (descs, smem, problem, tiling, features, 0))], [1], [PRODUCER_REGS])
+
+
+@gluon.jit
+def _ring_buffers(a_desc, w_desc, w_up_desc, RING: gl.constexpr, FUSED: gl.constexpr):
+    """A ring's ``RING`` stages of ``a``, ``w`` and (``FUSED``) ``w_up`` tiles, each one TMA box
+    (``w_up``'s box is ``w``'s)."""
+    a_box: gl.constexpr = a_desc.block_type.shape
+    w_box: gl.constexpr = w_desc.block_type.shape
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [RING, a_box[0], a_box[1]], a_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [RING, w_box[0], w_box[1]], w_desc.layout)
+    if FUSED:
+        w_up_bufs = gl.allocate_shared_memory(w_up_desc.dtype, [RING, w_box[0], w_box[1]], w_up_desc.layout)
+    else:
+        w_up_bufs = w_bufs  # unused
+    return a_bufs, w_bufs, w_up_bufs
+
+
+@gluon.jit
+def _ring_barriers(RING: gl.constexpr):
+    """A ring's ``ready`` and ``empty`` mbarriers, one of each per stage, initialized."""
+    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(RING):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return ready, empty
