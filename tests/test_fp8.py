@@ -197,7 +197,7 @@ def test_experts_fp8_out(layout, dtype, in_place, device):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_experts_fp8_on_moonep_padding(dtype, device):
     """Padding rows as MoonEP's dispatch writes them: zero rows of route weight 0 (64-row tiles of
-    nothing but padding, which the sm90 kernels skip, and tiles that mix both)."""
+    nothing but padding, and tiles that mix both)."""
     layout = Layout("moonep_padding", (128, 0, 128, 256, 128), 677, k=256, n=144, padded_to=128,
                     real_rows=(100, 0, 3, 130, 64))
     args = _experts_args(layout, dtype, device)
@@ -216,6 +216,27 @@ def test_experts_fp8_out_op_in_place(device):
     x = args[0]
     torch.ops.moonep.experts_fp8_out(*args, x)
     assert torch.equal(x, expected)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("device", DEVICES[1:])
+def test_buffers_between_launches_are_written_before_read(monkeypatch, layout, device):
+    """The CUDA ops' buffers between launches (``x``'s e4m3 rows and scales, ``act`` and its
+    scales) handed out full of NaN: a kernel that read a row or scale the kernel before it did not
+    write (another segment's, the tail's, a column group past I) would change the result."""
+    from moonep_ops.kernels.cuda import fp8 as cuda_fp8
+
+    args = _experts_args(layout, torch.bfloat16, device)
+    x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
+
+    def both():
+        return torch.ops.moonep.experts_fp8(*args), torch.ops.moonep.grouped_gemm_fp8(x, w_gate, scale, cu)
+
+    plain = both()
+    monkeypatch.setattr(cuda_fp8, "_scratch", lambda shape, dtype, device: torch.full(
+        shape, float("nan"), device=device).to(dtype))
+    for out, ref in zip(both(), plain):
+        assert torch.equal(out, ref)  # (NaN never equals NaN)
 
 
 @pytest.mark.parametrize("device", DEVICES)

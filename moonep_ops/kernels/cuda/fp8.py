@@ -2,10 +2,13 @@
 
 ``experts_fp8`` is three launches: ``x``'s live rows quantized once (a Triton kernel), the fused
 gate/up GEMM, which writes ``act`` as e4m3 with per-row, per-128-column scales, then the down GEMM
-on that ``act``. The GEMMs run on the warp-specialized Gluon kernel on sm90 (as the bf16 ops do,
-``MOONEP_OPS_GLUON`` and ``MOONEP_OPS_PORTABLE`` switching it off), else on
-:mod:`..triton.grouped_gemm_fp8`: e4m3 tensor-core MMAs exist from sm89 (Ada) on, and sm90 reads
-its weights by TMA unless ``MOONEP_OPS_PORTABLE`` asks for the pointer path that sm89 runs.
+on that ``act``. They launch in stream order, without PDL: the down GEMM's early programs would
+only wait for the whole fused grid (the FP8 configs take no row-tile handoff), and a fused GEMM
+launched while the quantization finishes ran slower (its programs start staggered). The GEMMs
+run on the warp-specialized Gluon kernel on sm90 (as the bf16 ops do, ``MOONEP_OPS_GLUON`` and
+``MOONEP_OPS_PORTABLE`` switching it off), else on :mod:`..triton.grouped_gemm_fp8`: e4m3
+tensor-core MMAs exist from sm89 (Ada) on, and sm90 reads its weights by TMA unless
+``MOONEP_OPS_PORTABLE`` asks for the pointer path that sm89 runs.
 """
 
 import functools
@@ -77,10 +80,15 @@ def _quantized_rows(x, cu):
     """e4m3 rows of ``x`` and their scales (live rows only; the tail stays unwritten and unread)."""
     from ..triton.grouped_gemm_fp8 import quantize_rows
 
-    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty((x.shape[0], -(-x.shape[1] // 128)), dtype=torch.float32, device=x.device)
+    q = _scratch(x.shape, torch.float8_e4m3fn, x.device)
+    scale = _scratch((x.shape[0], -(-x.shape[1] // 128)), torch.float32, x.device)
     quantize_rows(x, cu, q, scale)
     return q, scale
+
+
+def _scratch(shape, dtype, device) -> torch.Tensor:
+    """A buffer between two launches, written before it is read (one seam: the tests poison it)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def gemm_into(a, w, w_scale, cu_seqlens, out, key=None) -> None:
@@ -98,8 +106,8 @@ def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale
         out.zero_()
         return
     x_q, x_scale = _quantized_rows(x, cu)
-    act = torch.empty((num_rows, inter), dtype=torch.float8_e4m3fn, device=x.device)
-    act_scale = torch.empty((num_rows, -(-inter // 128)), dtype=torch.float32, device=x.device)
+    act = _scratch((num_rows, inter), torch.float8_e4m3fn, x.device)
+    act_scale = _scratch((num_rows, -(-inter // 128)), torch.float32, x.device)
     # act's tail rows are never written: the down GEMM never reads rows past cu_seqlens[-1].
     gluon = gluon_wanted(capability_of(x), x.dtype)
     _gemm(x_q, x_scale, w_gate, w_gate_scale, w_up, w_up_scale, contiguous(route_weights), cu, act, act_scale, gluon,
