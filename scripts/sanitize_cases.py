@@ -10,7 +10,8 @@ and fp32; on Hopper the default path (the Gluon forward kernels on sm90), the Tr
 values (decreasing, negative, past NvS, int32 extremes): unspecified results, but no
 out-of-bounds access. Every case is also checked against the float64 reference. On sm90, the
 Gluon paths that only large problems take (idle upper halves, another tensor's tail, split
-epilogues, the experts op's row-tile handoff, a PDL dependent whose first items skip idle halves), forced.
+epilogues, the experts op's row-tile handoff, a PDL dependent whose first items skip idle halves),
+and the split rings that only the FP8 configs take, forced on bf16.
 From sm89, the FP8 ops on their test layouts (the Gluon and the Triton FP8 kernels on sm90).
 
 Prints one line per case and ``SANITIZE_CASES ran=<n> failed=<m>``; exits 1 if any failed.
@@ -157,6 +158,13 @@ def main():
                      results)
             _run("gluon split fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["coop_n128_s4_split"], True),
                  results)
+            # split rings (each ping-pong consumer with its own producer warp and ring; the FP8 GEMMs'
+            # configs), wrapping inside a tile on the odd layout
+            for name in ("pingpong_split_ring", "pingpong_split_ring_tail_by_consumers"):
+                _run(f"gluon split_ring {name}",
+                     lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16), results)
+            _run("gluon split_ring fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["pingpong_n64_split_ring"],
+                                                                  True), results)
             # the experts op's row-tile handoff: flags in global memory, items through shared memory
             from tests import test_cuda_handoff as th
 
