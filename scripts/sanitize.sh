@@ -6,7 +6,8 @@
 # Env: OUT (default gpu_out): results go to $OUT/sanitize/ (one log per tool, summary.txt);
 #      SANITIZE_TOOLS (default "memcheck racecheck"; synccheck and initcheck also work);
 #      COMPUTE_SANITIZER (path to the binary, if it is not found on its own);
-#      SANITIZE_CASES_ARGS (extra arguments for sanitize_cases.py, e.g. "--device cpu" for a dry run).
+#      SANITIZE_CASES_ARGS (extra arguments for sanitize_cases.py, e.g. "--device cpu" for a dry run);
+#      SANITIZE_ONLY (one --only argument for it, spaces kept: e.g. "default fp8", a re-run of a change).
 # Exits non-zero if a tool reports any error ("ERROR SUMMARY: N errors" or racecheck's
 # "(E errors, ...)" with N, E > 0, or no summary at all: a crashed run is not a clean one), or
 # if a case failed its numerics check or did not run. Excepted: racecheck reports that lie wholly
@@ -42,7 +43,8 @@ for tool in $tools; do
   t0=$(date +%s)
   # The sanitizer report goes to $log; the cases' own output (one line per case) to $tool.cases.log.
   "$san" --tool "$tool" --log-file "$log" --print-limit 1000 --error-exitcode 99 \
-    python3 scripts/sanitize_cases.py ${SANITIZE_CASES_ARGS:-} > "$dir/$tool.cases.log" 2>&1
+    python3 scripts/sanitize_cases.py ${SANITIZE_CASES_ARGS:-} ${SANITIZE_ONLY:+--only "$SANITIZE_ONLY"} \
+    > "$dir/$tool.cases.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
   # memcheck/synccheck/initcheck end with "ERROR SUMMARY: N errors"; racecheck with

@@ -59,3 +59,14 @@ def test_the_cases_run_each_op_in_its_own_dtypes():
     assert summary.startswith("SANITIZE_CASES ran=") and summary.endswith(" failed=0")
     assert int(summary.split("ran=")[1].split()[0]) > 0
     assert "float32" not in proc.stdout
+
+
+def test_only_filter_keeps_its_spaces(tmp_path):
+    """``SANITIZE_ONLY`` reaches the cases script as one ``--only`` argument: "mixed experts_fp8"
+    runs the cases whose names contain that text, and nothing else."""
+    rc, summary = _sanitize(tmp_path, FAKE_CASES="1", SANITIZE_TOOLS="memcheck", SANITIZE_CASES_ARGS="--device cpu",
+                            SANITIZE_ONLY="mixed experts_fp8")
+    assert rc == 0, summary
+    cases = [line for line in (tmp_path / "sanitize" / "memcheck.cases.log").read_text().splitlines()
+             if line.startswith("[")]
+    assert cases and all(" mixed experts_fp8" in line for line in cases), cases
