@@ -133,26 +133,58 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     num_tokens, hidden = x.shape
     topk = topk_ids.shape[1]
     n = num_tokens * topk
-    dev = x.device
-    if num_prefetch and prefetch_for is None:
-        prefetch_for = hottest_experts(topk_ids, num_experts, num_prefetch)
-    elif prefetch_for is None:
-        prefetch_for = torch.zeros(0, dtype=torch.int64, device=dev)
-    prefetch_for = prefetch_for.to(device=dev, dtype=torch.int64)
-    num_prefetch = prefetch_for.shape[0]
-    num_groups = num_experts + num_prefetch
+    prefetch_for = _prefetch_slots(topk_ids, num_experts, num_prefetch, prefetch_for, x.device)
+    num_groups = num_experts + prefetch_for.shape[0]
     if num_rows is None:
         num_rows = nvs_bound(num_tokens, topk, max(num_experts, -(-num_groups // 2)), token_padding)
     if num_rows < n:
         raise ValueError(f"num_rows = {num_rows} cannot hold S*K = {n} rows")
+    cu, row_of, row_assign = _place_rows(topk_ids, num_experts, prefetch_for, token_padding, num_rows)
+    src_token = row_assign // topk  # n // K == S: the sentinel comes for free
 
+    w_row = torch.cat([topk_weights.reshape(-1).float(), topk_weights.new_zeros(1, dtype=torch.float32)])
+    w_row = w_row[row_assign]
+    x_rows = torch.cat([x, x.new_zeros(1, hidden)])[src_token]  # padding rows gather the zero row
+    if weights_on_input:
+        x_rows = (x_rows.float() * w_row[:, None]).to(x.dtype)
+
+    in_segments = torch.arange(num_rows, device=x.device) < cu[-1]
+    if fill_tail is None:
+        x_tail, w_tail = torch.empty_like(x_rows), torch.empty_like(w_row)
+    else:
+        x_tail, w_tail = fill_tail, fill_tail
+    return Dispatched(
+        x_nvs=torch.where(in_segments[:, None], x_rows, x_tail),
+        route_weights=torch.where(in_segments, w_row, w_tail),
+        cu_seqlens=cu.to(torch.int32),
+        src_token=src_token,
+        valid=row_assign < n,
+        row_of=row_of.view(num_tokens, topk),
+        prefetch_for=prefetch_for,
+    )
+
+
+def _prefetch_slots(topk_ids, num_experts: int, num_prefetch: int, prefetch_for, device) -> torch.Tensor:
+    """The ``[B]`` int64 expert ids the prefetch slots mirror: ``prefetch_for``, else the
+    ``num_prefetch`` hottest experts of this batch."""
+    if num_prefetch and prefetch_for is None:
+        prefetch_for = hottest_experts(topk_ids, num_experts, num_prefetch)
+    elif prefetch_for is None:
+        prefetch_for = torch.zeros(0, dtype=torch.int64, device=device)
+    return prefetch_for.to(device=device, dtype=torch.int64)
+
+
+def _place_rows(topk_ids, num_experts: int, prefetch_for, token_padding: int, num_rows: int) -> tuple:
+    """Where each (token, k) goes: ``(cu_seqlens [G] int64, row_of [S*K], row_assign [NvS])``,
+    ``row_assign`` holding each row's flat index ``s * K + k``, or ``S*K`` on padding and tail rows."""
     ids = topk_ids.reshape(-1).long()
+    n, dev = ids.shape[0], ids.device
     counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
     counts.scatter_add_(0, ids, torch.ones_like(ids))
     ids_sorted, order = torch.sort(ids, stable=True)
     groups = _groups(ids_sorted, counts, prefetch_for, num_experts)
 
-    group_counts = torch.zeros(num_groups, dtype=torch.int64, device=dev)
+    group_counts = torch.zeros(num_experts + prefetch_for.shape[0], dtype=torch.int64, device=dev)
     group_counts.scatter_add_(0, groups, torch.ones_like(groups))
     padded = (group_counts + token_padding - 1) // token_padding * token_padding
     cu = torch.cumsum(padded, 0)
@@ -165,34 +197,10 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     rows = seg_start[groups_sorted] + torch.arange(n, device=dev) - count_start[groups_sorted]
     assign = order[order2]  # flat index s * K + k of each, in row order
     row_of = torch.empty(n, dtype=torch.int64, device=dev).scatter_(0, assign, rows)
-
-    # Assignment of every row, n on padding / tail rows. Row num_rows is a dummy that only an
-    # overflow (caught by the assert above) would write.
+    # Row num_rows is a dummy that only an overflow (caught by the assert above) would write.
     row_assign = torch.full((num_rows + 1,), n, dtype=torch.int64, device=dev)
     row_assign = row_assign.scatter(0, rows.clamp_max(num_rows), assign)[:num_rows]
-    valid = row_assign < n
-    src_token = row_assign // topk  # n // K == S: the sentinel comes for free
-
-    w_row = torch.cat([topk_weights.reshape(-1).float(), topk_weights.new_zeros(1, dtype=torch.float32)])
-    w_row = w_row[row_assign]
-    x_rows = torch.cat([x, x.new_zeros(1, hidden)])[src_token]  # padding rows gather the zero row
-    if weights_on_input:
-        x_rows = (x_rows.float() * w_row[:, None]).to(x.dtype)
-
-    in_segments = torch.arange(num_rows, device=dev) < cu[-1]
-    if fill_tail is None:
-        x_tail, w_tail = torch.empty_like(x_rows), torch.empty_like(w_row)
-    else:
-        x_tail, w_tail = fill_tail, fill_tail
-    return Dispatched(
-        x_nvs=torch.where(in_segments[:, None], x_rows, x_tail),
-        route_weights=torch.where(in_segments, w_row, w_tail),
-        cu_seqlens=cu.to(torch.int32),
-        src_token=src_token,
-        valid=valid,
-        row_of=row_of.view(num_tokens, topk),
-        prefetch_for=prefetch_for,
-    )
+    return cu, row_of, row_assign
 
 
 def combine(y_nvs: torch.Tensor, dispatched: Dispatched, num_tokens=None) -> torch.Tensor:
