@@ -103,6 +103,75 @@ def _fp8_cases(mode: str, results) -> None:
              lambda: tf.test_grouped_gemm_fp8_out(layout, torch.bfloat16, "cuda"), results)
 
 
+def _op_cases(modes, device, results) -> None:
+    """Every op of the fuzz table on the sanitizer problems, in each mode; the FP8 layouts from sm89."""
+    for mode in modes:
+        _set_mode(mode)
+        for dtype in (torch.bfloat16, torch.float32):
+            if mode != "default" and dtype == torch.float32:
+                continue  # fp32 never takes the TMA or Gluon path: nothing new to run
+            for pname, p in problems(dtype).items():
+                for spec in OPS:
+                    if spec.moonep_op is None:
+                        continue  # composites of the public API: the same kernels again
+                    if dtype not in spec.dtypes:
+                        continue  # (the FP8 ops take bf16/fp16 activations only)
+                    _run(f"{mode} {str(dtype)[6:]} {pname} {spec.name}",
+                         lambda: check(spec, p, device, repeat=False), results)
+        if device == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
+            _fp8_cases(mode, results)
+
+
+def _gluon_cases(results) -> None:
+    """Gluon kernel paths the config table takes only on large problems (or only for FP8), forced on
+    small ones (tests/test_cuda_gluon.py's cases, their checks included): idle upper halves, skipped
+    by segment end and by route weight 0, the fused GEMM zeroing another tensor's tail, split
+    epilogues, split rings, the row-tile handoff, a PDL dependent."""
+    from tests import test_cuda_gluon as tg
+    from tests import test_cuda_handoff as th
+    from tests import test_cuda_pdl as tp
+
+    _set_mode("default")
+    for name in tg.IDLE_CONFIGS:
+        _run(f"gluon idle_half {name}", lambda: tg.test_idle_upper_halves_are_skipped_exactly_where_they_should(
+            name), results)
+    for name in ("pingpong_n64_s6", "coop_n128_s4"):
+        _run(f"gluon tail_out {name}", lambda: tg.test_fused_zeroes_the_tail_of_another_tensor(
+            tg.GLUON_LAYOUTS[3], tg.FUSED[name]), results)
+    # split epilogues on partial tiles (segments cut mid-tile, N not a multiple of the tile)
+    for name in ("coop_n256_s4_split", "coop_n256_split_tail_by_consumers", "pingpong_n128_s6_split"):
+        _run(f"gluon split {name}", lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16),
+             results)
+    _run("gluon split fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["coop_n128_s4_split"], True),
+         results)
+    # split rings (each ping-pong consumer with its own producer warp and ring; the FP8 GEMMs'
+    # configs), wrapping inside a tile on the odd layout
+    for name in ("pingpong_split_ring", "pingpong_split_ring_tail_by_consumers"):
+        _run(f"gluon split_ring {name}", lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16),
+             results)
+    _run("gluon split_ring fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["pingpong_n64_split_ring"],
+                                                          True), results)
+    # the experts op's row-tile handoff: flags in global memory, items through shared memory
+    for name, pair in th.PAIRS.items():
+        _run(f"gluon handoff {name}", lambda: th.test_row_tile_handoff(pair, th.MANY_GROUPS, repeats=2), results)
+    # a PDL dependent down GEMM whose first items skip idle halves (half loads before its wait)
+    _run("gluon pdl idle_first", lambda: tp.test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(
+        tp.GLUON_PAIRS["coop_down_idle_half"], tp.IDLE_FIRST), results)
+
+
+def _bad_cu_cases(modes, device, results) -> None:
+    """Invalid cu_seqlens values: the CUDA kernels must stay in bounds (no values to check)."""
+    for mode in [m for m in modes if m != "portable"]:
+        _set_mode(mode)
+        for bad, ends in BAD_VALUES.items():
+            b = base_tensors(device, torch.bfloat16)
+            calls = value_calls(b, cu_tensor(b, ends))
+            for op, (fn, args) in calls.items():
+                if device == "cpu":
+                    continue  # the CPU kernels raise on these (tests/test_bad_input_cuda.py checks it)
+                _run(f"{mode} bad_cu_{bad} {op}", lambda: fn(*args), results)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -120,72 +189,13 @@ def main():
           + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else "")
           + f", PYTORCH_NO_CUDA_MEMORY_CACHING={os.environ.get('PYTORCH_NO_CUDA_MEMORY_CACHING')}", flush=True)
     results = []
-    for mode in modes:
-        _set_mode(mode)
-        for dtype in (torch.bfloat16, torch.float32):
-            if mode != "default" and dtype == torch.float32:
-                continue  # fp32 never takes the TMA or Gluon path: nothing new to run
-            for pname, p in problems(dtype).items():
-                for spec in OPS:
-                    if spec.moonep_op is None:
-                        continue  # composites of the public API: the same kernels again
-                    if dtype not in spec.dtypes:
-                        continue  # (the FP8 ops take bf16/fp16 activations only)
-                    _run(f"{mode} {str(dtype)[6:]} {pname} {spec.name}",
-                         lambda: check(spec, p, device, repeat=False), results)
-        if device == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
-            _fp8_cases(mode, results)
-    # Gluon kernel paths the config table takes only on large problems, forced on small ones
-    # (tests/test_cuda_gluon.py's cases, their checks included): idle upper halves, skipped by
-    # segment end and by route weight 0, the fused GEMM zeroing another tensor's tail, and split
-    # epilogues.
+    _op_cases(modes, device, results)
     if device == "cuda" and torch.cuda.get_device_capability() == (9, 0):
-        _set_mode("default")
         from moonep_ops.kernels.cuda import paths
 
         if paths.gluon_host() is not None:
-            from tests import test_cuda_gluon as tg
-
-            for name in tg.IDLE_CONFIGS:
-                _run(f"gluon idle_half {name}", lambda: tg.test_idle_upper_halves_are_skipped_exactly_where_they_should(
-                    name), results)
-            for name in ("pingpong_n64_s6", "coop_n128_s4"):
-                _run(f"gluon tail_out {name}", lambda: tg.test_fused_zeroes_the_tail_of_another_tensor(
-                    tg.GLUON_LAYOUTS[3], tg.FUSED[name]), results)
-            # split epilogues on partial tiles (segments cut mid-tile, N not a multiple of the tile)
-            for name in ("coop_n256_s4_split", "coop_n256_split_tail_by_consumers", "pingpong_n128_s6_split"):
-                _run(f"gluon split {name}", lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16),
-                     results)
-            _run("gluon split fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["coop_n128_s4_split"], True),
-                 results)
-            # split rings (each ping-pong consumer with its own producer warp and ring; the FP8 GEMMs'
-            # configs), wrapping inside a tile on the odd layout
-            for name in ("pingpong_split_ring", "pingpong_split_ring_tail_by_consumers"):
-                _run(f"gluon split_ring {name}",
-                     lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16), results)
-            _run("gluon split_ring fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["pingpong_n64_split_ring"],
-                                                                  True), results)
-            # the experts op's row-tile handoff: flags in global memory, items through shared memory
-            from tests import test_cuda_handoff as th
-
-            for name, pair in th.PAIRS.items():
-                _run(f"gluon handoff {name}", lambda: th.test_row_tile_handoff(pair, th.MANY_GROUPS, repeats=2),
-                     results)
-            # a PDL dependent down GEMM whose first items skip idle halves (half loads before its wait)
-            from tests import test_cuda_pdl as tp
-
-            _run("gluon pdl idle_first", lambda: tp.test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(
-                tp.GLUON_PAIRS["coop_down_idle_half"], tp.IDLE_FIRST), results)
-    # Invalid cu_seqlens values: the CUDA kernels must stay in bounds (no values to check).
-    for mode in [m for m in modes if m != "portable"]:
-        _set_mode(mode)
-        for bad, ends in BAD_VALUES.items():
-            b = base_tensors(device, torch.bfloat16)
-            calls = value_calls(b, cu_tensor(b, ends))
-            for op, (fn, args) in calls.items():
-                if device == "cpu":
-                    continue  # the CPU kernels raise on these (tests/test_bad_input_cuda.py checks it)
-                _run(f"{mode} bad_cu_{bad} {op}", lambda: fn(*args), results)
+            _gluon_cases(results)
+    _bad_cu_cases(modes, device, results)
     _set_mode("default")
     failed = [name for name, ok in results if not ok]
     print(f"SANITIZE_CASES ran={len(results)} failed={len(failed)}", flush=True)
