@@ -120,6 +120,60 @@ def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half
 
 
 @gluon.jit
+def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps):
+    """PDL (``WAIT_PRIOR``): the weight loads of the program's first item, issued before the wait
+    for the prior kernel (its idle check too: the row weights are this call's input). Returns the
+    segment cursor after locating it and the stages whose weight loads are issued."""
+    group = -1
+    tiles_before = 0
+    tiles_through = 0
+    start = 0
+    end = 0
+    prefetched = 0
+    if first < problem.real_items:
+        group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
+            problem, tiling, first, group, tiles_before, tiles_through, start, end)
+        half = idle_half(features.HALF_LOADS, problem, row_lo, end, tiling.BLOCK_M, features.SKIP_BY_WEIGHT, 1)
+        prefetched = gl.minimum(k_steps, tiling.STAGES)
+        for k_step in range(prefetched):
+            _expect_stage(smem.ready.index(k_step), descs, half, features.FUSED, features.HALF_LOADS)
+            _load_weights(descs, smem, k_step, group * problem.N + col_tile * tiling.BLOCK_N,
+                          k_step * tiling.BLOCK_K, features.FUSED)
+    return group, tiles_before, tiles_through, start, end, prefetched
+
+
+@gluon.jit
+def _tail_share(descs, smem, problem, first, stride, k_steps):
+    """Zeroes the zero buffer; returns this program's tail chunks (``pid``, ``pid + num_progs``,
+    ...) and the ring stages to spread them over (an estimate under ``HANDOFF``)."""
+    pid = gl.program_id(0)
+    num_progs = gl.num_programs(0)
+    ZERO_ROWS: gl.constexpr = descs.zero.block_type.shape[0]
+    ZERO_N: gl.constexpr = descs.zero.block_type.shape[1]
+    zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // ZERO_N, ZERO_N // 8], [1, 1], [1, 0])
+    smem.zero_buf.store(gl.zeros([ZERO_ROWS, ZERO_N], descs.zero.dtype, zero_layout))
+    fence_async_shared()
+    zero_total = gl.cdiv(problem.NUM_ROWS - problem.live_end, ZERO_ROWS) * problem.zero_col_tiles
+    zero_mine = gl.cdiv(gl.maximum(zero_total - pid, 0), num_progs)
+    stages_mine = gl.cdiv(gl.maximum(problem.real_items - first, 0), stride) * k_steps
+    return zero_mine, stages_mine
+
+
+@gluon.jit
+def _end_markers(smem, tiling, ring_pos, k_steps):
+    """``HANDOFF``: one end marker per consumer, each a whole item of stages (no loads), so that
+    every ring position stays where the consumers expect it."""
+    for _ in gl.static_range(tiling.CONSUMERS):
+        for k_step in range(k_steps):
+            stage = ring_pos % tiling.STAGES
+            mbarrier.wait(smem.empty.index(stage), ((ring_pos // tiling.STAGES) & 1) ^ 1)
+            if k_step == 0:
+                _publish_item(smem.item_ids, stage, -1)
+            mbarrier.arrive(smem.ready.index(stage), count=1)
+            ring_pos += 1
+
+
+@gluon.jit
 def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     """The producer partition: this program's items' loads, then the rest of its tail chunks.
     With ``SPLIT_RING``, producer ``LANE`` loads the items of consumer ``LANE`` (every other item
@@ -143,30 +197,14 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     end = 0
     prefetched = 0  # stages whose weight loads were issued before the grid-wide wait
     if features.WAIT_PRIOR and not features.HANDOFF:
-        if first < problem.real_items:
-            # The first item's weight loads (and its idle check: the row weights are this call's
-            # input too) before the wait, its `a` loads (the prior kernel's output) after.
-            group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-                problem, tiling, first, group, tiles_before, tiles_through, start, end)
-            half = idle_half(features.HALF_LOADS, problem, row_lo, end, BLOCK_M, features.SKIP_BY_WEIGHT, 1)
-            prefetched = gl.minimum(k_steps, tiling.STAGES)
-            for k_step in range(prefetched):
-                _expect_stage(smem.ready.index(k_step), descs, half, features.FUSED, features.HALF_LOADS)
-                _load_weights(descs, smem, k_step, group * problem.N + col_tile * tiling.BLOCK_N,
-                              k_step * tiling.BLOCK_K, features.FUSED)
+        group, tiles_before, tiles_through, start, end, prefetched = _prefetch_first_item(
+            descs, smem, problem, tiling, features, first, k_steps)
         griddepcontrol_wait()
-    zero_mine = 0  # this program's tail chunks: pid, pid + num_progs, ...
+    zero_mine = 0
     zero_done = 0
-    stages_mine = 0  # the ring stages to spread them over (an estimate under HANDOFF)
+    stages_mine = 0
     if PRODUCER_TAIL:
-        ZERO_ROWS: gl.constexpr = descs.zero.block_type.shape[0]
-        ZERO_N: gl.constexpr = descs.zero.block_type.shape[1]
-        zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // ZERO_N, ZERO_N // 8], [1, 1], [1, 0])
-        smem.zero_buf.store(gl.zeros([ZERO_ROWS, ZERO_N], descs.zero.dtype, zero_layout))
-        fence_async_shared()
-        zero_total = gl.cdiv(problem.NUM_ROWS - problem.live_end, ZERO_ROWS) * problem.zero_col_tiles
-        zero_mine = gl.cdiv(gl.maximum(zero_total - pid, 0), num_progs)
-        stages_mine = gl.cdiv(gl.maximum(problem.real_items - first, 0), stride) * k_steps
+        zero_mine, stages_mine = _tail_share(descs, smem, problem, first, stride, k_steps)
     ring_pos = 0
     if features.HANDOFF:
         grid_waited = 0
@@ -182,16 +220,7 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
                                              group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,
                                              prefetched, k_steps, zero_done, zero_mine, stages_mine)
             item = next_item(problem.handoff_ptr)
-        # One end marker per consumer, each a whole item of stages (no loads), so that every ring
-        # position stays where the consumers expect it.
-        for _ in gl.static_range(tiling.CONSUMERS):
-            for k_step in range(k_steps):
-                stage = ring_pos % tiling.STAGES
-                mbarrier.wait(smem.empty.index(stage), ((ring_pos // tiling.STAGES) & 1) ^ 1)
-                if k_step == 0:
-                    _publish_item(smem.item_ids, stage, -1)
-                mbarrier.arrive(smem.ready.index(stage), count=1)
-                ring_pos += 1
+        _end_markers(smem, tiling, ring_pos, k_steps)
     else:
         for item in range(first, problem.real_items, stride):
             group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
