@@ -493,15 +493,38 @@ def make_plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a_
     if cfg.flatten and cfg.tma_store:
         # Triton 3.6 fails to compile a flattened loop around the full/partial store branch.
         raise ValueError("GemmConfig: flatten and tma_store cannot be combined")
+    _check_operands(a, w, w_up, out, a_up, saved)
     num_rows, k = a.shape
     g, n, _ = w.shape
-    items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    if a.device.type == "cuda":
-        programs = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
-        programs *= cfg.programs_per_sm
-    else:
-        programs = 4  # interpreter: a few programs, so the persistent loop is exercised
     w_up_arg = w if w_up is None else w_up
+    dual = a_up is not None
+    descs, w_transposed, tma_store = _descriptor_geometry(a, w, w_up, a_up, out, cfg, use_tma)
+    small_g = g <= SMALL_G_MAX
+    prefetch = 0
+    if role is PdlRole.DEPENDENT and small_g and not w_transposed:
+        # What the pipeline's first stages read of each weight row (16-byte multiples: TMA).
+        prefetch = min(k, cfg.block_k * cfg.num_stages) * w.element_size()
+    items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    return Plan(
+        grid=(max(1, min(items_bound, _programs(a.device, cfg))),),
+        ints=(g, num_rows, n, k, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
+              w_up_arg.stride(0), w_up_arg.stride(1), w_up_arg.stride(2), out.stride(0), out.stride(1)),
+        constexprs=dict(FUSED=w_up is not None and not dual, HAS_WEIGHTS=route_weights is not None, USE_TMA=use_tma,
+                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                        BLOCK_G=max(16, triton.next_power_of_2(g)) if small_g else BLOCK_G,
+                        SMALL_G=small_g,
+                        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_TRANSPOSED=w_transposed,
+                        FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL_DGRAD=dual,
+                        SAVE_GATE_UP=saved is not None, ZERO_TAIL=zero_tail,
+                        GROUP_MAJOR=cfg.group_major and small_g,
+                        LAUNCH_DEPENDENTS=role is PdlRole.PRIMARY, WAIT_PRIOR=role is PdlRole.DEPENDENT,
+                        PREFETCH_BYTES=prefetch),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs, launch_pdl=role is PdlRole.DEPENDENT,
+    )
+
+
+def _check_operands(a, w, w_up, out, a_up, saved) -> None:
+    """The dual GEMM's and the gate/up-saving GEMM's operand rules (the ops' checks ran before)."""
     dual = a_up is not None
     if dual and (w_up is None or a_up.shape != a.shape or a_up.stride() != a.stride() or w_up.shape != w.shape
                  or w_up.stride() != w.stride()):
@@ -509,6 +532,16 @@ def make_plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a_
     if saved is not None and (w_up is None or dual or any(
             t.shape != out.shape or t.stride() != out.stride() or t.dtype != out.dtype for t in saved)):
         raise ValueError("saving gate and up needs the fused GEMM and two outputs like out")
+
+
+def _descriptor_geometry(a, w, w_up, a_up, out, cfg: GemmConfig, use_tma: bool) -> tuple:
+    """``(descs, w_transposed, tma_store)``: the (shape, strides, block) of each TMA descriptor of
+    ``a, w, w_up, a_up, out`` (None where that operand is read or written by pointer), whether the
+    weights are read as a ``[K, N]`` view, and the TMA store's column split (0: none)."""
+    num_rows, k = a.shape
+    g, n, _ = w.shape
+    w_up_arg = w if w_up is None else w_up
+    dual = a_up is not None
     a_geo = ([num_rows, k], [a.stride(0), 1], [cfg.block_m, cfg.block_k])
     descs = (None,) * 5
     w_transposed = use_tma and is_kn_view(w)
@@ -525,27 +558,15 @@ def make_plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a_
     tma_store = cfg.tma_store if use_tma and tma_addressable(out) else 0
     if tma_store:
         descs = descs[:4] + (([num_rows, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // tma_store]),)
-    small_g = g <= SMALL_G_MAX
-    prefetch = 0
-    if role is PdlRole.DEPENDENT and small_g and not w_transposed:
-        # What the pipeline's first stages read of each weight row (16-byte multiples: TMA).
-        prefetch = min(k, cfg.block_k * cfg.num_stages) * w.element_size()
-    return Plan(
-        grid=(max(1, min(items_bound, programs)),),
-        ints=(g, num_rows, n, k, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
-              w_up_arg.stride(0), w_up_arg.stride(1), w_up_arg.stride(2), out.stride(0), out.stride(1)),
-        constexprs=dict(FUSED=w_up is not None and not dual, HAS_WEIGHTS=route_weights is not None, USE_TMA=use_tma,
-                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                        BLOCK_G=max(16, triton.next_power_of_2(g)) if small_g else BLOCK_G,
-                        SMALL_G=small_g,
-                        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", W_TRANSPOSED=w_transposed,
-                        FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize, TMA_STORE=tma_store, DUAL_DGRAD=dual,
-                        SAVE_GATE_UP=saved is not None, ZERO_TAIL=zero_tail,
-                        GROUP_MAJOR=cfg.group_major and small_g,
-                        LAUNCH_DEPENDENTS=role is PdlRole.PRIMARY, WAIT_PRIOR=role is PdlRole.DEPENDENT,
-                        PREFETCH_BYTES=prefetch),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, descs=descs, launch_pdl=role is PdlRole.DEPENDENT,
-    )
+    return descs, w_transposed, tma_store
+
+
+def _programs(device: torch.device, cfg: GemmConfig) -> int:
+    """The persistent grid's size before the item bound: ``programs_per_sm`` per SM on CUDA; a few
+    on CPU (the interpreter), so that the persistent loop is exercised."""
+    if device.type == "cuda":
+        return num_sms(device.index if device.index is not None else torch.cuda.current_device()) * cfg.programs_per_sm
+    return 4
 
 
 def _kernel_args(plan: Plan, a, w, w_up, route_weights, cu_seqlens, out, a_up, saved) -> list:
