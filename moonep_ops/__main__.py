@@ -128,18 +128,11 @@ def check_fp8() -> tuple:
     (wg, sg), (wu, su), (wd, sd) = fp8_weights
     with torch.inference_mode():
         out = moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, w_gate_scale=sg, w_up_scale=su, w_down_scale=sd)
-    err = rel_err(out, fp8_reference(x, fp8_weights, cu, rw))
-    unquantized = rel_err(out, reference(x, w_gate, w_up, w_down, cu, rw))
-    tol = TOLERANCE[torch.bfloat16]
     failures = []
-    if bool(torch.isnan(out).any()):
-        failures.append("fp8: NaN in the output (the tail leaked)")
-    if not err <= tol:
-        failures.append(f"fp8: relative error {err:.3g} > {tol:g} against its float64 semantics")
-    if bool(out[end:].ne(0).any()):
-        failures.append("fp8: rows past cu_seqlens[-1] are not zero")
-    line = (f"fp8 (CPU)   experts with e4m3fn weights: rel err {err:.3g} against its float64 semantics "
-            f"(limit {tol:g}); {unquantized:.3g} against the unquantized float64 path (information)")
+    report = verify("fp8", out, fp8_reference(x, fp8_weights, cu, rw), torch.bfloat16, end, failures)
+    unquantized = rel_err(out, reference(x, w_gate, w_up, w_down, cu, rw))
+    line = (f"fp8 (CPU)   experts with e4m3fn weights against their float64 semantics: {report}; "
+            f"rel err {unquantized:.3g} against the unquantized float64 path (information)")
     return line, failures
 
 
@@ -230,42 +223,49 @@ def _compile(fn, device: torch.device, args):
     raise AssertionError("unreachable")
 
 
-def check(args) -> int:
-    from torch._dynamo.utils import counters
-
+def _device_and_dtype(args) -> tuple:
+    """The check's device and dtype from ``--device`` and ``--dtype`` ("auto": CUDA and bf16 where
+    a GPU is visible, else the CPU and fp32)."""
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(args.device)
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
              "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    return device, dtype
 
+
+def verify(label: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, end: int, failures: list) -> str:
+    """The report of ``out`` against the float64 ``ref``; what is wrong goes to ``failures``: shape
+    or dtype, NaN (a leaked tail), the relative error over ``TOLERANCE``, rows past ``end`` not zero."""
+    tol = TOLERANCE[dtype]
+    err = rel_err(out, ref)
+    max_abs = float((out.detach().to("cpu", torch.float64) - ref).abs().max())
+    if out.shape != ref.shape or out.dtype != dtype:
+        failures.append(f"{label}: got {tuple(out.shape)} {out.dtype}, expected {tuple(ref.shape)} {dtype}")
+    if bool(torch.isnan(out).any()):
+        failures.append(f"{label}: NaN in the output (the tail leaked)")
+    if not err <= tol:
+        failures.append(f"{label}: relative error {err:.3g} > {tol:g}")
+    if bool(out[end:].ne(0).any()):
+        failures.append(f"{label}: rows past cu_seqlens[-1] are not zero")
+    return f"max abs err {max_abs:.3g}, rel err {err:.3g} (limit {tol:g})"
+
+
+def check(args) -> int:
+    from torch._dynamo.utils import counters
+
+    device, dtype = _device_and_dtype(args)
     x, w_gate, w_up, w_down, cu, rw, end = build_problem(device, dtype)
     ref = reference(x, w_gate, w_up, w_down, cu, rw)
     inputs = (x, w_gate, w_up, w_down, cu, rw)
-    tol = TOLERANCE[dtype]
     failures = []
-
-    def verify(label, out):
-        err = rel_err(out, ref)
-        max_abs = float((out.detach().to("cpu", torch.float64) - ref).abs().max())
-        if out.shape != ref.shape or out.dtype != dtype:
-            failures.append(f"{label}: got {tuple(out.shape)} {out.dtype}, expected {tuple(ref.shape)} {dtype}")
-        if bool(torch.isnan(out).any()):
-            failures.append(f"{label}: NaN in the output (the tail leaked)")
-        if not err <= tol:
-            failures.append(f"{label}: relative error {err:.3g} > {tol:g}")
-        if bool(out[end:].ne(0).any()):
-            failures.append(f"{label}: rows past cu_seqlens[-1] are not zero")
-        return f"max abs err {max_abs:.3g}, rel err {err:.3g} (limit {tol:g})"
-
-    eager_out = moonep_ops.moonep_experts(*inputs)
-    eager_report = verify("eager", eager_out)
+    eager_report = verify("eager", moonep_ops.moonep_experts(*inputs), ref, dtype, end, failures)
 
     compiled, backend, note, first_call_s = _compile(moonep_ops.moonep_experts, device, inputs)
     graph_breaks = sum(counters["graph_break"].values())
     graphs = counters["stats"]["unique_graphs"]
-    compiled_report = verify("compiled", compiled(*inputs))
+    compiled_report = verify("compiled", compiled(*inputs), ref, dtype, end, failures)
     if graph_breaks:
         failures.append(f"compiled: {graph_breaks} graph break(s): {dict(counters['graph_break'])}")
 
