@@ -6,6 +6,8 @@ one table row per JSON row in file order, and the ranges of the FP8 path's speed
 A path that did not run shows "–". No GPU and no torch needed.
 """
 
+from .protocol import replays_phrase
+
 BF16, FP8, TORCH = "moonep_bf16", "moonep_fp8", "torch_fp8"
 HEADER = ("| shape | padding | bf16 | fp8 | torch | fp8 vs bf16 | fp8 vs torch | limit µs | fp8 vs limit |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -19,8 +21,7 @@ def _env_line(env: dict) -> str:
     run += [env["date"].split()[0]] if "date" in env else []
     parts = [", ".join(run)] if run else []
     if "reps" in env:
-        settle = f", each path and the limit first replayed for {env['settle_s']:g} s" if env.get("settle_s") else ""
-        parts.append(f"median of {env['reps']} CUDA-graph replays{settle}")
+        parts.append(replays_phrase(env))
     return "; ".join(parts) + "." if parts else ""
 
 

@@ -35,6 +35,7 @@ import sys
 
 from . import sweep_summary
 from .fp8_table import render_fp8
+from .protocol import replays_phrase
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BEGIN = "<!-- perf-table:begin -->"
@@ -65,9 +66,8 @@ def render(result: dict, padding: int = 128) -> str:
     if not rows:
         raise ValueError(f"no rows with token_padding={padding} in the results")
     env = result["env"]
-    settle = f", each path and the limit first replayed for {env['settle_s']:g} s" if env.get("settle_s") else ""
     lines = [f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date'].split()[0]}; bf16; "
-             f"median of {env.get('reps', '?')} CUDA-graph replays{settle}; segments padded to {padding} rows.",
+             f"{replays_phrase(env)}; segments padded to {padding} rows.",
              "",
              "| shape | NvS | rows in segments | floor µs | limit µs | vLLM 0.33 µs (eff) | moonep µs (eff) "
              "| moonep vs limit | speedup |",
