@@ -208,6 +208,22 @@ def test_experts_fp8_on_moonep_padding(dtype, device):
     _check(out, ref_experts_fp8(*args), layout, dtype, device, _experts_tolerance(device))
 
 
+@pytest.mark.parametrize("device", DEVICES[1:])
+def test_experts_fp8_does_not_read_rows_of_route_weight_zero(device):
+    """On CUDA the quantization of ``x`` writes a row of route weight 0 (MoonEP's padding) as a
+    zero row without reading it (for finite ``x`` its ``act`` row is zero either way): NaN there
+    changes no output, which equals the call on zero padding rows bit for bit."""
+    layout = Layout("moonep_padding", (128, 0, 128, 256, 128), 677, k=256, n=144, padded_to=128,
+                    real_rows=(100, 0, 3, 130, 64))
+    args = _experts_args(layout, torch.bfloat16, device)
+    rw = zero_padding_rows(layout, args[-2])
+    clean = torch.ops.moonep.experts_fp8(*args)
+    pad = torch.zeros(layout.nvs, dtype=torch.bool, device=device)
+    pad[:layout.total] = rw[:layout.total] == 0
+    garbage = args[0].masked_fill(pad[:, None], float("nan"))
+    assert torch.equal(torch.ops.moonep.experts_fp8(garbage, *args[1:]), clean)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_experts_fp8_out_op_in_place(device):
     layout = LAYOUTS[LAYOUT_IDS.index("padded_128")]

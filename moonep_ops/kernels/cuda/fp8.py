@@ -76,13 +76,14 @@ def _gemm(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_
                          zero_tail=zero_tail)
 
 
-def _quantized_rows(x, cu):
-    """e4m3 rows of ``x`` and their scales (live rows only; the tail stays unwritten and unread)."""
+def _quantized_rows(x, cu, route_weights=None):
+    """e4m3 rows of ``x`` and their scales (live rows only; the tail stays unwritten and unread;
+    rows of route weight 0 are zero rows, unread)."""
     from ..triton.grouped_gemm_fp8 import quantize_rows
 
     q = _scratch(x.shape, torch.float8_e4m3fn, x.device)
     scale = _scratch((x.shape[0], -(-x.shape[1] // 128)), torch.float32, x.device)
-    quantize_rows(x, cu, q, scale)
+    quantize_rows(x, cu, q, scale, route_weights)
     return q, scale
 
 
@@ -105,12 +106,15 @@ def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale
     if inter == 0:  # no act: every output row is an empty sum
         out.zero_()
         return
-    x_q, x_scale = _quantized_rows(x, cu)
+    route_weights = contiguous(route_weights)
+    # A row of route weight 0 (MoonEP's padding) gives act = silu(gate) * up * 0 = 0 for finite x:
+    # the quantization skips reading it.
+    x_q, x_scale = _quantized_rows(x, cu, route_weights)
     act = _scratch((num_rows, inter), torch.float8_e4m3fn, x.device)
     act_scale = _scratch((num_rows, -(-inter // 128)), torch.float32, x.device)
     # act's tail rows are never written: the down GEMM never reads rows past cu_seqlens[-1].
     gluon = gluon_wanted(capability_of(x), x.dtype)
-    _gemm(x_q, x_scale, w_gate, w_gate_scale, w_up, w_up_scale, contiguous(route_weights), cu, act, act_scale, gluon,
+    _gemm(x_q, x_scale, w_gate, w_gate_scale, w_up, w_up_scale, route_weights, cu, act, act_scale, gluon,
           zero_tail=False, key=key)
     _gemm(act, act_scale, w_down, w_down_scale, None, None, None, cu, out, None, gluon, key=key)
 

@@ -176,34 +176,41 @@ def grouped_gemm_fp8_kernel(
 
 
 @triton.jit
-def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cu_ptr, G, NUM_ROWS, K, stride_xm, stride_xk, stride_qm, stride_sm,
-                         BLOCK_R: tl.constexpr):
+def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cu_ptr, rw_ptr, G, NUM_ROWS, K, stride_xm, stride_xk, stride_qm,
+                         stride_sm, BLOCK_R: tl.constexpr, BY_WEIGHT: tl.constexpr):
     """e4m3 rows of ``x`` and their scales, per 128 columns, for rows below ``cu_seqlens[-1]``
-    only (the tail is neither read nor written). Program (row block, column block)."""
+    only (the tail is neither read nor written). ``BY_WEIGHT``: rows whose route weight is 0
+    (MoonEP's padding) are written as zeros without being read. Program (row block, column block)."""
     live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if tl.program_id(0) * BLOCK_R < live_end:
         kb = tl.program_id(1)
         cols = kb * 128 + tl.arange(0, 128)
         row_mask = rows < live_end
+        read = row_mask
+        if BY_WEIGHT:
+            read = read & (tl.load(rw_ptr + rows, mask=row_mask, other=0.0) != 0.0)
         mask = row_mask[:, None] & (cols < K)[None, :]
         rows64 = rows[:, None].to(tl.int64)
-        x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :].to(tl.int64) * stride_xk, mask=mask, other=0.0)
+        x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :].to(tl.int64) * stride_xk,
+                    mask=read[:, None] & (cols < K)[None, :], other=0.0)
         q, scale = quantize_rows_tile(x.to(tl.float32))
         tl.store(q_ptr + rows64 * stride_qm + cols[None, :], q, mask=mask)
         tl.store(s_ptr + rows.to(tl.int64) * stride_sm + kb, scale, mask=row_mask)
 
 
-def quantize_rows(x, cu_seqlens, q, scale) -> None:
+def quantize_rows(x, cu_seqlens, q, scale, route_weights=None) -> None:
     """``q`` (e4m3, contiguous ``[NvS, K]``) and ``scale`` (fp32 ``[NvS, cdiv(K, 128)]``) from the
-    live rows of ``x``."""
+    live rows of ``x``. ``route_weights`` (the experts op's, contiguous): a row of weight 0 is
+    quantized as a zero row, unread (its ``act`` row is zero either way for finite ``x``)."""
     num_rows, k = x.shape
     if num_rows == 0 or k == 0:
         return
     block_r = 32
     grid = (triton.cdiv(num_rows, block_r), triton.cdiv(k, 128))
-    quantize_rows_kernel[grid](x, q, scale, cu_seqlens, cu_seqlens.shape[0], num_rows, k, x.stride(0), x.stride(1),
-                               q.stride(0), scale.stride(0), BLOCK_R=block_r, num_warps=4)
+    quantize_rows_kernel[grid](x, q, scale, cu_seqlens, x if route_weights is None else route_weights,
+                               cu_seqlens.shape[0], num_rows, k, x.stride(0), x.stride(1), q.stride(0),
+                               scale.stride(0), BLOCK_R=block_r, BY_WEIGHT=route_weights is not None, num_warps=4)
 
 
 @dataclasses.dataclass(frozen=True)
