@@ -48,9 +48,6 @@ def _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0
     loop to complete."""
     BLOCK_M: gl.constexpr = tiling.BLOCK_M
     BLOCK_N: gl.constexpr = tiling.BLOCK_N
-    STAGES: gl.constexpr = tiling.STAGES
-    FUSED: gl.constexpr = features.FUSED
-    out_desc = descs.out
     if ROWS == BLOCK_M:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BLOCK_N, 16])
@@ -59,10 +56,30 @@ def _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0
                                                              instr_shape=[16, BLOCK_N // (WARPS // 4), 16])
     acc = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)  # gate (FUSED) or the plain product
     acc_up = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
+    acc, acc_up = _mainloop(smem, tiling, features, ring_pos, k_steps, acc, acc_up, ROWS, PARITY)
+    if features.FUSED:  # silu(gate) * up * route weight on the fp32 accumulators
+        acc = acc / (1.0 + gl.exp(-acc)) * acc_up
+        if features.HAS_WEIGHTS:
+            rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+            row_mask = (rows >= 0) & (rows < gl.minimum(end, problem.NUM_ROWS))
+            acc = acc * gl.load(problem.row_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    if features.SIGNAL_ROWS:
+        if pending >= 0:
+            signal_row_tile(problem.handoff_ptr + 1 + pending)
+    _store_tile(acc, out_buf, descs.out, problem, row_lo, col0, end, acc_layout, ROWS, BLOCK_M, BLOCK_N, WARPS)
+
+
+@gluon.jit
+def _mainloop(smem, tiling, features, ring_pos, k_steps, acc, acc_up, ROWS: gl.constexpr, PARITY: gl.constexpr):
+    """The wgmma main loop over ``k_steps`` stages from ring position ``ring_pos`` into ``acc``
+    (and ``acc_up``, FUSED), each stage released once its MMAs are done; in ping-pong on one ring,
+    the other consumer's turn once every stage of the item has landed."""
+    STAGES: gl.constexpr = tiling.STAGES
+    FUSED: gl.constexpr = features.FUSED
     for k_step in range(k_steps):
         stage = ring_pos % STAGES
         mbarrier.wait(smem.ready.index(stage), (ring_pos // STAGES) & 1)
-        if ROWS == BLOCK_M:
+        if ROWS == tiling.BLOCK_M:
             a_stage = smem.a_bufs.index(stage)
         else:
             a_stage = smem.a_bufs.index(stage).slice(0, ROWS)
@@ -82,15 +99,15 @@ def _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0
     else:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(smem.empty.index((ring_pos + STAGES - 1) % STAGES), count=1)
-    if FUSED:  # silu(gate) * up * route weight on the fp32 accumulators
-        acc = acc / (1.0 + gl.exp(-acc)) * acc_up
-        if features.HAS_WEIGHTS:
-            rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-            row_mask = (rows >= 0) & (rows < gl.minimum(end, problem.NUM_ROWS))
-            acc = acc * gl.load(problem.row_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
-    if features.SIGNAL_ROWS:
-        if pending >= 0:
-            signal_row_tile(problem.handoff_ptr + 1 + pending)
+    return acc, acc_up
+
+
+@gluon.jit
+def _store_tile(acc, out_buf, out_desc, problem, row_lo, col0, end, acc_layout: gl.constexpr, ROWS: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+    """``acc`` (``ROWS`` rows; zeros below ``BLOCK_M``) to ``out`` in its dtype: through ``out_buf``
+    whole or in two column halves (a split epilogue), or for an idle-upper-half tile with a split
+    epilogue straight from registers."""
     EPI_N: gl.constexpr = out_desc.block_type.shape[1]
     if EPI_N == BLOCK_N:
         tma.store_wait(0)  # the previous store has read out_buf

@@ -120,15 +120,12 @@ def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half
 
 
 @gluon.jit
-def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps):
+def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps, group, tiles_before, tiles_through,
+                         start, end):
     """PDL (``WAIT_PRIOR``): the weight loads of the program's first item, issued before the wait
-    for the prior kernel (its idle check too: the row weights are this call's input). Returns the
-    segment cursor after locating it and the stages whose weight loads are issued."""
-    group = -1
-    tiles_before = 0
-    tiles_through = 0
-    start = 0
-    end = 0
+    for the prior kernel (its idle check too: the row weights are this call's input). Takes the
+    segment cursor at its start; returns it after locating the item, and the stages whose weight
+    loads are issued."""
     prefetched = 0
     if first < problem.real_items:
         group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
@@ -198,7 +195,7 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     prefetched = 0  # stages whose weight loads were issued before the grid-wide wait
     if features.WAIT_PRIOR and not features.HANDOFF:
         group, tiles_before, tiles_through, start, end, prefetched = _prefetch_first_item(
-            descs, smem, problem, tiling, features, first, k_steps)
+            descs, smem, problem, tiling, features, first, k_steps, group, tiles_before, tiles_through, start, end)
         griddepcontrol_wait()
     zero_mine = 0
     zero_done = 0
