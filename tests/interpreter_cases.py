@@ -263,3 +263,30 @@ def test_flatten_with_tma_store_is_refused(interpreted):
     with pytest.raises(ValueError, match="flatten and tma_store"):
         gemm.launch_grouped_gemm(x, w, cu, out, configs.GemmConfig(16, 16, 16, 1, 1, flatten=True, tma_store=1),
                                  use_tma=True)
+
+
+@pytest.mark.parametrize("with_weights", [False, True], ids=["all_rows", "route_weights"])
+def test_fp8_row_quantization_reads_the_rows_it_should(with_weights):
+    """The FP8 experts' quantization of ``x`` (the sm89+ kernel): the scales of the live rows, a
+    row of route weight 0 (NaN in it here) written as zeros unread, the tail neither read nor
+    written. Only the scales and the zero rows are compared: the interpreter converts to e4m3 with
+    its own rounding (some elements one binade off), so the e4m3 values are checked on the GPU."""
+    from moonep_ops import fp8
+    from moonep_ops.kernels.triton.grouped_gemm_fp8 import quantize_rows
+
+    x = torch.randn(50, 300, dtype=torch.float16)
+    x[37:] = float("nan")  # the tail
+    cu = torch.tensor([10, 10, 37], dtype=torch.int32)
+    rw = torch.rand(50) + 0.1
+    rw[5:9] = 0.0
+    if with_weights:
+        x[5:9] = float("nan")
+    q = torch.full((50, 300), 1.0).to(torch.float8_e4m3fn)
+    scale = torch.full((50, 3), -1.0)
+    quantize_rows(x, cu, q, scale, rw if with_weights else None)
+    _, ref_scale = fp8.quantize_rows(x[:37].float())
+    if with_weights:
+        ref_scale[5:9] = 0.0
+        assert torch.equal(q[5:9].float(), torch.zeros(4, 300))
+    assert torch.equal(scale[:37], ref_scale)
+    assert torch.equal(q[37:].float(), torch.ones(13, 300)) and torch.equal(scale[37:], torch.full((13, 3), -1.0))
