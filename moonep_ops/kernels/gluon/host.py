@@ -15,7 +15,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ...cache import layout_signature
 from .. import launch as direct
 from ..pdl import PdlRole
-from ..triton.grouped_gemm import num_row_tiles, num_sms
+from ..triton.grouped_gemm import num_row_tiles, persistent_programs
 from .config import GluonConfig
 from .kernel import gluon_grouped_gemm_kernel
 
@@ -197,13 +197,6 @@ def _descriptor_factory(desc):
     return lambda base: _fast_descriptor(base, *geometry)
 
 
-def _num_programs(device: torch.device) -> int:
-    """About one program per SM (4 for CPU tensors: the ahead-of-time compile check)."""
-    if device.type != "cuda":
-        return 4
-    return num_sms(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights, tail_out, handoff,
                scales):
     """Compile (through Triton's JIT) and launch; returns the plan for later direct launches."""
@@ -212,7 +205,7 @@ def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role,
     kwargs = kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, descs, zero_tail=zero_tail, role=role,
                          idle_weights=idle_weights, tail_out=tail, handoff=handoff, scales=scales)
     items = num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1], cfg.block_n)
-    grid = (max(1, min(_num_programs(a.device), items)),)
+    grid = (max(1, min(persistent_programs(a.device), items)),)
     kernel = _compile_and_launch(grid, kwargs, role)
     names = gluon_grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
     factories = {index: _descriptor_factory(d) for index, d in enumerate(descs) if d is not None}

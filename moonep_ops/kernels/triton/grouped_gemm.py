@@ -425,6 +425,15 @@ def num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def persistent_programs(device: torch.device, per_sm: int = 1) -> int:
+    """A persistent grid's size before its bound by the items: ``per_sm`` programs per SM on CUDA;
+    4 for CPU tensors (the interpreter, where a few programs exercise the persistent loop, and the
+    ahead-of-time compile check)."""
+    if device.type != "cuda":
+        return 4
+    return num_sms(device.index if device.index is not None else torch.cuda.current_device()) * per_sm
+
+
 def tma_addressable(t: torch.Tensor) -> bool:
     """What a TMA descriptor needs of a tensor: unit inner stride, 16-byte aligned base and
     outer strides."""
@@ -506,7 +515,7 @@ def make_plan(a, w, w_up, route_weights, out, cfg: GemmConfig, use_tma: bool, a_
         prefetch = min(k, cfg.block_k * cfg.num_stages) * w.element_size()
     items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     return Plan(
-        grid=(max(1, min(items_bound, _programs(a.device, cfg))),),
+        grid=(max(1, min(items_bound, persistent_programs(a.device, cfg.programs_per_sm))),),
         ints=(g, num_rows, n, k, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2),
               w_up_arg.stride(0), w_up_arg.stride(1), w_up_arg.stride(2), out.stride(0), out.stride(1)),
         constexprs=dict(FUSED=w_up is not None and not dual, HAS_WEIGHTS=route_weights is not None, USE_TMA=use_tma,
@@ -561,12 +570,6 @@ def _descriptor_geometry(a, w, w_up, a_up, out, cfg: GemmConfig, use_tma: bool) 
     return descs, w_transposed, tma_store
 
 
-def _programs(device: torch.device, cfg: GemmConfig) -> int:
-    """The persistent grid's size before the item bound: ``programs_per_sm`` per SM on CUDA; a few
-    on CPU (the interpreter), so that the persistent loop is exercised."""
-    if device.type == "cuda":
-        return num_sms(device.index if device.index is not None else torch.cuda.current_device()) * cfg.programs_per_sm
-    return 4
 
 
 def _kernel_args(plan: Plan, a, w, w_up, route_weights, cu_seqlens, out, a_up, saved) -> list:

@@ -29,8 +29,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...cache import layout_signature
 from .. import launch as direct
-from .grouped_gemm import (_register_schedule, _work_item, _zero_tail_item, locate_tile, num_row_tiles, num_sms,
-                           store_tile, SMALL_G_MAX, BLOCK_G)
+from .grouped_gemm import (_register_schedule, _work_item, _zero_tail_item, locate_tile, num_row_tiles,
+                           persistent_programs, store_tile, SMALL_G_MAX, BLOCK_G)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,15 +252,11 @@ def make_plan(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, out, out_
     u, us = (w, w_scale) if w_up is None else (w_up, w_up_scale)
     o_s = out if out_scale is None else out_scale
     items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    if a.device.type == "cuda":
-        programs = num_sms(a.device.index if a.device.index is not None else torch.cuda.current_device())
-    else:
-        programs = 4  # CPU tensors: the ahead-of-time compile check
     small_g = g <= SMALL_G_MAX
     use_tma = use_tma and a.stride(1) == 1 and a.stride(0) % 16 == 0 and a.data_ptr() % 16 == 0
     w_geo = ([g * n, k], [w.stride(1), 1], [cfg.block_n, 128])
     return Plan(
-        grid=(max(1, min(items_bound, programs * cfg.programs_per_sm)),),
+        grid=(max(1, min(items_bound, persistent_programs(a.device, cfg.programs_per_sm))),),
         ints=(g, num_rows, n, k, a.stride(0), a.stride(1), a_scale.stride(0),
               w.stride(0), w.stride(1), w.stride(2), w_scale.stride(0), w_scale.stride(1),
               u.stride(0), u.stride(1), u.stride(2), us.stride(0), us.stride(1),
