@@ -16,6 +16,7 @@ import functools
 import torch
 
 from ... import checks, flags
+from ...fp8 import num_blocks
 from .paths import capability_of, contiguous, gluon_host, gluon_wanted, on_device
 
 
@@ -82,7 +83,7 @@ def _quantized_rows(x, cu, route_weights=None):
     from ..triton.grouped_gemm_fp8 import quantize_rows
 
     q = _scratch(x.shape, torch.float8_e4m3fn, x.device)
-    scale = _scratch((x.shape[0], -(-x.shape[1] // 128)), torch.float32, x.device)
+    scale = _scratch((x.shape[0], num_blocks(x.shape[1])), torch.float32, x.device)
     quantize_rows(x, cu, q, scale, route_weights)
     return q, scale
 
@@ -111,7 +112,7 @@ def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale
     # the quantization skips reading it.
     x_q, x_scale = _quantized_rows(x, cu, route_weights)
     act = _scratch((num_rows, inter), torch.float8_e4m3fn, x.device)
-    act_scale = _scratch((num_rows, -(-inter // 128)), torch.float32, x.device)
+    act_scale = _scratch((num_rows, num_blocks(inter)), torch.float32, x.device)
     # act's tail rows are never written: the down GEMM never reads rows past cu_seqlens[-1].
     gluon = gluon_wanted(capability_of(x), x.dtype)
     _gemm(x_q, x_scale, w_gate, w_gate_scale, w_up, w_up_scale, route_weights, cu, act, act_scale, gluon,
