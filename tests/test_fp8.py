@@ -91,6 +91,10 @@ LAYOUTS = [
     Layout("partial_scale_blocks", (70, 0, 60, 9), 150, k=256, n=144),
 ]
 LAYOUT_IDS = [layout.name for layout in LAYOUTS]
+# Padding rows as MoonEP's dispatch writes them (zero rows of route weight 0, given by the tests):
+# 64-row tiles of nothing but padding, and tiles that mix both.
+MOONEP_PADDING = Layout("moonep_padding", (128, 0, 128, 256, 128), 677, k=256, n=144, padded_to=128,
+                        real_rows=(100, 0, 3, 130, 64))
 
 
 def _gemm_args(layout, dtype, device):
@@ -198,8 +202,7 @@ def test_experts_fp8_out(layout, dtype, in_place, device):
 def test_experts_fp8_on_moonep_padding(dtype, device):
     """Padding rows as MoonEP's dispatch writes them: zero rows of route weight 0 (64-row tiles of
     nothing but padding, and tiles that mix both)."""
-    layout = Layout("moonep_padding", (128, 0, 128, 256, 128), 677, k=256, n=144, padded_to=128,
-                    real_rows=(100, 0, 3, 130, 64))
+    layout = MOONEP_PADDING
     args = _experts_args(layout, dtype, device)
     x, w_gate, sg, w_up, su, w_down, sd, rw, cu = args
     zero_padding_rows(layout, rw)
@@ -213,8 +216,7 @@ def test_experts_fp8_does_not_read_rows_of_route_weight_zero(device):
     """On CUDA the quantization of ``x`` writes a row of route weight 0 (MoonEP's padding) as a
     zero row without reading it (for finite ``x`` its ``act`` row is zero either way): NaN there
     changes no output, which equals the call on zero padding rows bit for bit."""
-    layout = Layout("moonep_padding", (128, 0, 128, 256, 128), 677, k=256, n=144, padded_to=128,
-                    real_rows=(100, 0, 3, 130, 64))
+    layout = MOONEP_PADDING
     args = _experts_args(layout, torch.bfloat16, device)
     rw = zero_padding_rows(layout, args[-2])
     clean = torch.ops.moonep.experts_fp8(*args)
