@@ -190,12 +190,12 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cu_ptr, rw_ptr, G, NUM_ROWS, K, st
         read = row_mask
         if BY_WEIGHT:
             read = read & (tl.load(rw_ptr + rows, mask=row_mask, other=0.0) != 0.0)
-        mask = row_mask[:, None] & (cols < K)[None, :]
+        col_mask = (cols < K)[None, :]
         rows64 = rows[:, None].to(tl.int64)
         x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :].to(tl.int64) * stride_xk,
-                    mask=read[:, None] & (cols < K)[None, :], other=0.0)
+                    mask=read[:, None] & col_mask, other=0.0)
         q, scale = quantize_rows_tile(x.to(tl.float32))
-        tl.store(q_ptr + rows64 * stride_qm + cols[None, :], q, mask=mask)
+        tl.store(q_ptr + rows64 * stride_qm + cols[None, :], q, mask=row_mask[:, None] & col_mask)
         tl.store(s_ptr + rows.to(tl.int64) * stride_sm + kb, scale, mask=row_mask)
 
 
