@@ -249,6 +249,9 @@ GLUON_CANDIDATES = [
     # idle upper halves whose whole `a` box is still loaded (half_loads off), ping-pong and cooperative
     (True, dict(pingpong=False, stages=4, skip_idle_half=True, half_loads=False)),
     (False, dict(stages=5, skip_idle_half=True, half_loads=False)),
+    # idle upper halves of segments' only row tiles alone
+    (True, dict(block_n=64, stages=6, skip_idle_half=True, skip_lone_tiles_only=True)),
+    (False, dict(pingpong=False, stages=6, skip_idle_half=True, skip_lone_tiles_only=True)),
 ]
 
 # The experts op's down GEMM as a programmatic dependent without the handoff (its first item's

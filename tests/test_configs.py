@@ -10,6 +10,12 @@ import pytest
 from moonep_ops.kernels.gluon import config as configs
 
 
+def skips(cfg) -> str:
+    """Which row tiles' idle upper halves the config skips: every segment's last, a segment's only
+    one, or none."""
+    return "none" if not cfg.skip_idle_half else "lone" if cfg.skip_lone_tiles_only else "last"
+
+
 def test_config_table_picks_each_consumer_scheme():
     """The table's choices on the BASELINE shapes."""
     pick = configs.gluon_gemm_config
@@ -22,27 +28,29 @@ def test_config_table_picks_each_consumer_scheme():
     for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages or four
         split = nvs == 20480  # S=1024: four stages and a split epilogue
         assert pick(7168, 2048, nvs, fused=False) == configs.GluonConfig(
-            block_n=256, stages=4 if split else 3, pingpong=False, skip_idle_half=nvs < 32768,
-            epilogue_n=128 if split else 0)
+            block_n=256, stages=4 if split else 3, pingpong=False, skip_idle_half=True,
+            skip_lone_tiles_only=nvs >= 32768, epilogue_n=128 if split else 0)
         assert pick(2048, 7168, nvs, fused=False).block_n == 128  # its unfused gate/up GEMMs
     assert pick(8192, 5120, 6144, fused=False).block_n == 128  # llama4's unfused gate/up GEMMs
     assert pick(768, 2048, 48896, fused=False).pingpong  # qwen3's unfused gate/up GEMMs
     # The tail's zeros: by the producer warp on long reductions, by the consumers on short ones.
     assert pick(7168, 2048, 13312, fused=False).tail_by_producer  # kimi-k2 decode down
     assert not pick(2048, 768, 48896, fused=False).tail_by_producer  # qwen3 down
-    # Idle upper halves skipped only where measured faster: qwen3 S=2048's GEMMs, kimi-k2's down
-    # GEMMs below NvS 32768 and its decode fused GEMM (segments of one row tile: no partner to drift
-    # from); not kimi-k2's fused GEMMs where segments span several row tiles (the skip breaks the
-    # step of the programs sharing weight tiles), nor the ping-pong fused ones.
-    assert pick(2048, 7168, 13312, fused=True).skip_idle_half
-    assert not pick(2048, 7168, 8192, fused=True).skip_idle_half
-    assert not pick(2048, 7168, 20480, fused=True).skip_idle_half
-    assert not pick(2048, 7168, 45056, fused=True).skip_idle_half
-    assert pick(768, 2048, 48896, fused=True).skip_idle_half
-    assert not pick(768, 2048, 33024, fused=True).skip_idle_half
-    assert pick(2048, 768, 48896, fused=False).skip_idle_half
-    assert not pick(2048, 768, 33024, fused=False).skip_idle_half
-    assert not pick(5120, 8192, 6144, fused=False).skip_idle_half  # llama4 down (K = 8192)
+    # Idle upper halves of every segment's last row tile skipped only where measured faster:
+    # qwen3 S=2048's GEMMs, kimi-k2's down GEMMs below NvS 32768 and its decode fused GEMM
+    # (segments of one row tile: no partner to drift from). Elsewhere those of a segment's only row
+    # tile alone, except in kimi-k2's cooperative fused GEMMs, where segments span several row
+    # tiles (the skip breaks the step of the programs sharing weight tiles).
+    assert skips(pick(2048, 7168, 13312, fused=True)) == "last"
+    assert skips(pick(2048, 7168, 8192, fused=True)) == "none"
+    assert skips(pick(2048, 7168, 20480, fused=True)) == "none"
+    assert skips(pick(2048, 7168, 45056, fused=True)) == "none"
+    assert skips(pick(768, 2048, 48896, fused=True)) == "last"
+    assert skips(pick(768, 2048, 33024, fused=True)) == "lone"  # qwen3 S=64 gate/up
+    assert skips(pick(2048, 768, 48896, fused=False)) == "last"
+    assert skips(pick(2048, 768, 33024, fused=False)) == "lone"
+    assert skips(pick(5120, 8192, 6144, fused=False)) == "lone"  # llama4 down (K = 8192)
+    assert skips(pick(8192, 5120, 6144, fused=True)) == "lone"  # llama4 gate/up
     assert configs.GluonConfig().half_loads  # with every skip, by default
     # The output's tail zeroed by the fused GEMM: qwen3 S=2048 only.
     assert pick(768, 2048, 48896, fused=True).takes_out_tail
@@ -58,22 +66,24 @@ def test_config_table_picks_each_consumer_scheme():
 
 
 def test_tiny_segments_skip_idle_halves_in_every_config():
-    """Fewer than 64 rows per group (unpadded decode): the picks skip idle upper halves, except
-    the cooperative fused config of long reductions (an expert-parallel rank's buffer: most groups
-    empty, the live segments several row tiles long)."""
+    """Fewer than 64 rows per group (unpadded decode): the picks skip every segment's last row
+    tile's idle upper half, except the cooperative fused config of long reductions (an
+    expert-parallel rank's buffer: most groups empty, the live segments several row tiles long)."""
     pick = configs.gluon_gemm_config
     for n, k, nvs, g, fused in ((2048, 7168, 1024, 52, True),  # kimi-k2 decode, unpadded
                                 (7168, 2048, 1024, 52, False),
                                 (768, 2048, 512, 132, True), (2048, 768, 512, 132, False),  # qwen3 S=64
                                 (4096, 7168, 32, 132, True), (7168, 4096, 32, 132, False)):  # top-1, 1-row segments
-        assert pick(n, k, nvs, fused, groups=g).skip_idle_half
-        assert pick(n, k, nvs, fused, groups=g) == dataclasses.replace(pick(n, k, nvs, fused), skip_idle_half=True)
-    # 64 rows per group and more: the table's own pick
-    assert not pick(768, 2048, 33024, True, groups=132).skip_idle_half  # qwen3 S=64 padded: 250 per group
-    assert not pick(2048, 768, 16384, False, groups=132).skip_idle_half  # qwen3 S=2048 unpadded: 124
-    assert not pick(4096, 7168, 1024, True, groups=8).skip_idle_half  # 128 per group
+        assert skips(pick(n, k, nvs, fused, groups=g)) == "last"
+        assert pick(n, k, nvs, fused, groups=g) == dataclasses.replace(pick(n, k, nvs, fused), skip_idle_half=True,
+                                                                       skip_lone_tiles_only=False)
+    # 64 rows per group and more: the table's own pick, else segments' only row tiles
+    assert skips(pick(768, 2048, 33024, True, groups=132)) == "lone"  # qwen3 S=64 padded: 250 per group
+    assert skips(pick(2048, 768, 16384, False, groups=132)) == "lone"  # qwen3 S=2048 unpadded: 124
+    assert skips(pick(4096, 7168, 1024, True, groups=8)) == "lone"  # 128 per group
     for nvs in (8192, 20480):  # kimi-k2 S=1024 unpadded and padded: G = 388, 52 of them live
         assert pick(2048, 7168, nvs, True, groups=388) == pick(2048, 7168, nvs, True)
+        assert skips(pick(2048, 7168, nvs, True, groups=388)) == "none"
 
 
 def test_cooperative_down_gemm_keeps_shared_memory_room_for_long_reductions():

@@ -197,13 +197,16 @@ IDLE_CONFIGS = {"plain_pingpong": (False, PLAIN["pingpong_n128_s5"]), "plain_coo
                 # producer loads only the lower half of an idle tile's rows)
                 "plain_coop_full_loads": (False, dict(PLAIN["coop_n128_s6"], half_loads=False)),
                 "plain_pingpong_full_loads": (False, dict(PLAIN["pingpong_n128_s5"], half_loads=False)),
-                "fused_coop_full_loads": (True, dict(FUSED["coop_n128_s4"], half_loads=False))}
+                "fused_coop_full_loads": (True, dict(FUSED["coop_n128_s4"], half_loads=False)),
+                # only segments' only row tiles (the 256-row segment's idle half is computed)
+                "fused_pingpong_lone": (True, dict(FUSED["pingpong_n64_s6"], skip_lone_tiles_only=True)),
+                "plain_coop_lone": (False, dict(PLAIN["coop_n128_s6"], skip_lone_tiles_only=True))}
 
 
-def _idle_problem(k=256, n=384, tail=50):
+def _idle_problem(lone_only, k=256, n=384, tail=50):
     """``(layout, weights [NvS] fp32, skipped [NvS] bool)``: weight 0 (and NaN rows in the caller's
     input) outside each segment's live rows, NaN in the tail; ``skipped``: the rows the kernels
-    must skip."""
+    must skip (``lone_only``: in segments of one row tile alone)."""
     sizes = tuple(size for size, _ in IDLE_SEGMENTS)
     layout = Layout("idle", sizes, sum(sizes) + tail, k=k, n=n)
     rw = torch.zeros(layout.nvs)
@@ -212,7 +215,7 @@ def _idle_problem(k=256, n=384, tail=50):
     for size, live in IDLE_SEGMENTS:
         for r in live:
             rw[start + r] = torch.rand(()).item() + 0.1
-        if size:
+        if size and (size <= 128 or not lone_only):
             row_lo = start + (size - 1) // 128 * 128  # the last row tile
             upper = range(row_lo + 64, min(row_lo + 128, start + size))
             if all(rw[r] == 0 for r in upper):
@@ -225,7 +228,7 @@ def _idle_problem(k=256, n=384, tail=50):
 @pytest.mark.parametrize("name", IDLE_CONFIGS)
 def test_idle_upper_halves_are_skipped_exactly_where_they_should(name):
     fused, cfg = IDLE_CONFIGS[name]
-    layout, rw, skipped = _idle_problem()
+    layout, rw, skipped = _idle_problem(cfg.get("skip_lone_tiles_only", False))
     idle = (rw == 0)[:, None]
     x, w_gate, w_up, _, cu, _ = experts_inputs(layout, torch.bfloat16, "cuda")
     x = x.masked_fill(idle, float("nan"))  # garbage in the rows whose weight is 0
@@ -273,7 +276,8 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
         cfg = gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False)
         assert cfg.skip_idle_half and (cfg.epilogue_n == 128) == split
         fused_cfg = gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
-        assert fused_cfg.skip_idle_half == fused_cfg.handoff == (layout.nvs == 13312)
+        every_last_tile = fused_cfg.skip_idle_half and not fused_cfg.skip_lone_tiles_only
+        assert every_last_tile == fused_cfg.handoff == (layout.nvs == 13312)
         x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
         rw = zero_padding_rows(layout, rw)
         out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)

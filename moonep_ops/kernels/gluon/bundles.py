@@ -192,6 +192,7 @@ class Features:
     PRODUCER_TAIL: gl.constexpr
     SKIP_IDLE_HALF: gl.constexpr
     SKIP_BY_WEIGHT: gl.constexpr
+    SKIP_LONE_ONLY: gl.constexpr
     HALF_LOADS: gl.constexpr
     WAIT_PRIOR: gl.constexpr
     SIGNAL_ROWS: gl.constexpr
@@ -200,7 +201,7 @@ class Features:
 
     @constexpr_function
     def __init__(self, FP8, FUSED, HAS_WEIGHTS, CONSUMER_TAIL, PRODUCER_TAIL, SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
-                 HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS):
+                 SKIP_LONE_ONLY, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS):
         self.FP8 = _field(FP8)
         self.FUSED = _field(FUSED)
         self.HAS_WEIGHTS = _field(HAS_WEIGHTS)
@@ -208,6 +209,7 @@ class Features:
         self.PRODUCER_TAIL = _field(PRODUCER_TAIL)
         self.SKIP_IDLE_HALF = _field(SKIP_IDLE_HALF)
         self.SKIP_BY_WEIGHT = _field(SKIP_BY_WEIGHT)
+        self.SKIP_LONE_ONLY = _field(SKIP_LONE_ONLY)
         self.HALF_LOADS = _field(HALF_LOADS)
         self.WAIT_PRIOR = _field(WAIT_PRIOR)
         self.SIGNAL_ROWS = _field(SIGNAL_ROWS)

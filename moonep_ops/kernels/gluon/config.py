@@ -22,6 +22,9 @@ class GluonConfig:
     # a segment's last row tile whose upper 64 rows are idle (past the end, or route weight 0:
     # MoonEP's padding) runs its MMAs on the lower half only and stores zeros above
     skip_idle_half: bool = False
+    # with skip_idle_half: only where the tile is its segment's only row tile. No other row tile
+    # reads its weight tiles, so finishing early puts no program that shares them out of step
+    skip_lone_tiles_only: bool = False
     # with skip_idle_half: such a tile's producer loads only the lower half of its `a` rows
     half_loads: bool = True
     # fused GEMM of the experts op: its producer also zeroes the down GEMM's output tail
@@ -61,8 +64,12 @@ class GluonConfig:
 # fused config of long reductions: there a buffer of an expert-parallel rank has few rows per
 # group (most groups are other ranks' experts, empty) while its live segments span several row
 # tiles, and the skip breaks the step of the programs that share weight tiles (kimi-k2 S=1024:
-# +7%). Elsewhere the per-tile idle test costs more than the skip saves, except where the table
-# below measured otherwise.
+# +7%). Elsewhere the skip is taken where the table below measured it faster, and otherwise on
+# segments' only row tiles alone (``skip_lone_tiles_only``): no other row tile shares their weight
+# tiles, so such a tile finishing early puts no program out of step. Padded decode has mostly such
+# tiles (a 128-row segment with a few real rows); unpadded layouts, some (on the layout sweep's
+# cases that had no skip: -2 to -9% on padded decode and unpadded qwen3-sized shapes, the rest within
+# noise; the skip of every segment's last tile lost up to 13% on unpadded compute-bound ones).
 TINY_SEGMENT_ROWS = 64
 
 
@@ -70,9 +77,10 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 
     """The config for ``[num_rows, n]`` outputs with reduction ``k`` (``fused``: the gate/up GEMM)
     over ``groups`` segments (0: unknown)."""
     cfg = _table_config(n, k, num_rows, fused)
-    tiny = num_rows < TINY_SEGMENT_ROWS * groups and not (fused and not cfg.pingpong and k >= 4096)
-    if tiny and not cfg.skip_idle_half:
-        cfg = dataclasses.replace(cfg, skip_idle_half=True)
+    long_cooperative_fused = fused and not cfg.pingpong and k >= 4096
+    if not cfg.skip_idle_half and not long_cooperative_fused:
+        tiny = num_rows < TINY_SEGMENT_ROWS * groups
+        cfg = dataclasses.replace(cfg, skip_idle_half=True, skip_lone_tiles_only=not tiny)
     return cfg
 
 

@@ -157,7 +157,7 @@ def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, 
     group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(problem, tiling, item, *segment)
     # With TURN_AFTER_CHECK the idle check (a load of 64 weights) is made before waiting for this
     # consumer's turn (with a dynamic schedule the turn comes first: the item id is in the ring).
-    idle_upper = idle_half(SKIP_HALF, problem, row_lo, end, BLOCK_M, features.SKIP_BY_WEIGHT, WARPS)
+    idle_upper = idle_half(SKIP_HALF, features, problem, row_lo, start, end, BLOCK_M, WARPS)
     if SKIP_HALF and not tiling.SPLIT_RING:
         if TURN_AFTER_CHECK:
             mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))

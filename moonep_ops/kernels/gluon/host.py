@@ -149,6 +149,7 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 LAUNCH_DEPENDENTS=role is PdlRole.PRIMARY, WAIT_PRIOR=role is PdlRole.DEPENDENT,
                 SKIP_IDLE_HALF=cfg.skip_idle_half,
                 SKIP_BY_WEIGHT=route_weights is not None or idle_weights is not None,
+                SKIP_LONE_ONLY=cfg.skip_lone_tiles_only,
                 SIGNAL_ROWS=handoff is not None and role is PdlRole.PRIMARY,
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
                 MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,

@@ -36,7 +36,7 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                               TAIL_BY_PRODUCER: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
                               WAIT_PRIOR: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr,
-                              SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr, MAX_POLLS: gl.constexpr,
+                              SKIP_LONE_ONLY: gl.constexpr,                               SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr, MAX_POLLS: gl.constexpr,
                               HALF_LOADS: gl.constexpr, FP8: gl.constexpr, SPLIT_RING: gl.constexpr,
                               num_warps: gl.constexpr):
     """Arguments: the TMA descriptors of :func:`.host.descriptors`; ``out`` again as a pointer
@@ -95,7 +95,7 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     scales = Scales(a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg, stride_wsn,
                     stride_usg, stride_usn, stride_osm)
     features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, PRODUCER_TAIL, SKIP_IDLE_HALF,
-                        SKIP_BY_WEIGHT, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS)
+                        SKIP_BY_WEIGHT, SKIP_LONE_ONLY, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS)
     if SPLIT_RING:  # two pipelines at once: consumer c and producer c on ring c
         ring0 = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
         ring1 = SharedMemory(a_bufs_1, w_bufs_1, w_up_bufs_1, out_bufs, zero_buf, ready_1, empty_1, turn, item_ids)

@@ -87,12 +87,16 @@ def upper_half_idle(row_weights_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexp
 
 
 @gluon.jit
-def idle_half(ON: gl.constexpr, problem, row_lo, end, BLOCK_M: gl.constexpr, BY_WEIGHT: gl.constexpr,
-              WARPS: gl.constexpr):
+def idle_half(ON: gl.constexpr, features, problem, row_lo, start, end, BLOCK_M: gl.constexpr, WARPS: gl.constexpr):
     """Whether the item's tile takes the idle-upper-half path (``ON``: the kernel has it): it is
-    its segment's last (only such a tile can hold idle rows) and its upper half is idle."""
+    its segment's last (only such a tile can hold idle rows; with ``SKIP_LONE_ONLY`` its segment's
+    only one) and its upper half is idle."""
     idle = False
     if ON:
-        if row_lo + BLOCK_M >= end:
-            idle = upper_half_idle(problem.row_weights_ptr, row_lo, end, problem.NUM_ROWS, BLOCK_M, BY_WEIGHT, WARPS)
+        candidate = row_lo + BLOCK_M >= end
+        if features.SKIP_LONE_ONLY:
+            candidate = candidate & (row_lo == start)
+        if candidate:
+            idle = upper_half_idle(problem.row_weights_ptr, row_lo, end, problem.NUM_ROWS, BLOCK_M,
+                                   features.SKIP_BY_WEIGHT, WARPS)
     return idle
