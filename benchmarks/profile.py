@@ -1,0 +1,49 @@
+"""One benchmark shape's expert call, run a few times for a kernel profiler to attach to.
+
+Nothing is timed here: Nsight Compute replays each kernel it profiles, so the figures come from it.
+On the H200 the board's clocks must stay unlocked to match the benchmarks (``--clock-control none``).
+For example, the speed-of-light of kimi-k2 prefill's two FP8 GEMMs (the first call's kernels are
+skipped: they include compilation):
+
+    ncu --clock-control none -k regex:gluon --launch-skip 2 --launch-count 2 \\
+        --section SpeedOfLight --section ComputeWorkloadAnalysis \\
+        python -m benchmarks.profile --shape 2 --path fp8
+
+``--path bf16`` runs the bf16 experts op; ``--calls`` sets how many calls run (default 3).
+"""
+
+import argparse
+
+import torch
+
+import moonep_ops
+from benchmarks.shapes import SHAPES, build_problem
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", type=int, default=0, help="index into benchmarks.shapes.SHAPES")
+    parser.add_argument("--padding", type=int, default=128, help="token padding of the layout (128 or 1)")
+    parser.add_argument("--path", choices=("bf16", "fp8"), default="bf16")
+    parser.add_argument("--calls", type=int, default=3)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    shape = SHAPES[args.shape]
+    x, w_gate, w_up, w_down, cu, rw, sizes = build_problem(shape, args.padding)
+    kwargs = {}
+    if args.path == "fp8":
+        (w_gate, s_gate), (w_up, s_up), (w_down, s_down) = (moonep_ops.fp8.quantize_weight(w)
+                                                            for w in (w_gate, w_up, w_down))
+        kwargs = dict(w_gate_scale=s_gate, w_up_scale=s_up, w_down_scale=s_down)
+    out = torch.empty_like(x)
+    for _ in range(args.calls):
+        moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, out=out, **kwargs)
+    torch.cuda.synchronize()
+    print(f"{shape.name}, padding {args.padding}, {args.path}: {args.calls} calls, NvS {x.shape[0]}, "
+          f"rows in segments {sum(sizes)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
