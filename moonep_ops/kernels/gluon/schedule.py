@@ -14,7 +14,8 @@ the segment's end or have weight 0 (``SKIP_BY_WEIGHT``: MoonEP's padding rows) r
 the lower half and stores zeros above. The consumers and, for its half loads, the producer ask
 :func:`idle_half` the same question of the same data, so they agree on every tile. The config
 table turns it on only where it measures faster: a tile that finishes early breaks the step of
-the programs that share its weight tiles.
+the programs that share its weight tiles. A segment's only row tile shares its weight tiles with
+no other, so elsewhere the skip covers those tiles alone (``SKIP_LONE_ONLY``).
 """
 
 from triton.experimental import gluon
