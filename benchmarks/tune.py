@@ -61,6 +61,37 @@ SCHEDULES = {
 }
 
 
+def time_role(role: str, cands, fn, out: torch.Tensor, schedules: bool, tma_only: bool, reps: int):
+    """Each candidate's median replay time (``inf`` where it cannot run), fastest first; with
+    ``schedules`` the role's schedules, each checked bit for bit against the first. None when that
+    first schedule fails."""
+    if schedules:
+        cands, tmas = SCHEDULES[role], (True,)
+        try:
+            fn(cands[0], True)
+        except Exception as exc:
+            print(f"  {role} reference schedule failed: {type(exc).__name__}: {str(exc)[:300]}")
+            return None
+        ref = out.clone()
+    else:
+        tmas = (True,) if tma_only else (False, True)
+    timings = []
+    for cfg, tma in itertools.product(cands, tmas):
+        try:
+            if schedules:  # a schedule that changes the result cannot win
+                out.fill_(float("nan"))
+                fn(cfg, tma)
+                if not torch.equal(out, ref):
+                    raise RuntimeError(f"output differs from the reference schedule's "
+                                       f"(max diff {(out.float() - ref.float()).abs().max():.3g})")
+            us = median_replay_ms(lambda: fn(cfg, tma), reps) * 1e3
+        except Exception as exc:  # e.g. out of shared memory: not a candidate
+            us = float("inf")
+            print(f"  {role} {cfg} tma={tma}: {type(exc).__name__}: {str(exc)[:120]}")
+        timings.append({"cfg": list(cfg.__dict__.values()), "tma": tma, "us": us})
+    return sorted(timings, key=lambda r: r["us"])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
@@ -79,47 +110,22 @@ def main(argv=None):
         out_i = torch.empty(x.shape[0], shape.inter, device="cuda", dtype=torch.bfloat16)
         out_h = torch.empty(x.shape[0], shape.hidden, device="cuda", dtype=torch.bfloat16)
         gate, up = torch.empty_like(out_i), torch.empty_like(out_i)
-        roles = {
-            "fused": (FUSED, lambda cfg, tma: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, out_i, cfg, tma)),
-            "down": (PLAIN, lambda cfg, tma: launch_grouped_gemm(act, wd, cu, out_h, cfg, tma)),
+        roles = {  # role -> (candidates, launch of one config, its output)
+            "fused": (FUSED, lambda cfg, tma: launch_grouped_gemm_silu_mul(x, wg, wu, rw, cu, out_i, cfg, tma), out_i),
+            "down": (PLAIN, lambda cfg, tma: launch_grouped_gemm(act, wd, cu, out_h, cfg, tma), out_h),
             "fused_save": (FUSED, lambda cfg, tma: launch_grouped_gemm_silu_mul_with_gate_up(
-                x, wg, wu, rw, cu, out_i, gate, up, cfg, tma)),
+                x, wg, wu, rw, cu, out_i, gate, up, cfg, tma), out_i),
         }
-        roles = {name: roles[name] for name in args.roles.split(",")}
-        outs = {"fused": out_i, "down": out_h, "fused_save": out_i}
-        for role, (cands, fn) in roles.items():
-            timings = []
-            if args.schedules:
-                cands, tmas = SCHEDULES[role], (True,)
-                try:
-                    fn(cands[0], True)
-                except Exception as exc:
-                    print(f"  {role} reference schedule failed: {type(exc).__name__}: {str(exc)[:300]}")
-                    continue
-                ref = outs[role].clone()
-            else:
-                tmas = (True,) if args.tma_only else (False, True)
-            for cfg, tma in itertools.product(cands, tmas):
-                try:
-                    if args.schedules:  # a schedule that changes the result cannot win
-                        outs[role].fill_(float("nan"))
-                        fn(cfg, tma)
-                        if not torch.equal(outs[role], ref):
-                            raise RuntimeError(f"output differs from the reference schedule's "
-                                               f"(max diff {(outs[role].float() - ref.float()).abs().max():.3g})")
-                    us = median_replay_ms(lambda: fn(cfg, tma), args.reps) * 1e3
-                except Exception as exc:  # e.g. out of shared memory: not a candidate
-                    us = float("inf")
-                    print(f"  {role} {cfg} tma={tma}: {type(exc).__name__}: {str(exc)[:120]}")
-                timings.append({"cfg": list(cfg.__dict__.values()), "tma": tma, "us": us})
-            timings.sort(key=lambda r: r["us"])
-            best = timings[0]
+        for role in args.roles.split(","):
+            timings = time_role(role, *roles[role], args.schedules, args.tma_only, args.reps)
+            if timings is None:
+                continue
             if args.schedules:
                 for r in timings:
                     print(f"  {role:<5} {r['us']:8.1f}us {r['cfg']}")
+            best, second = timings[0], timings[1]
             print(f"{shape.name:<28} pad={padding:<3} {role:<5} best {best['us']:7.0f}us {best['cfg']} "
-                  f"tma={best['tma']} | 2nd {timings[1]['us']:7.0f}us {timings[1]['cfg']} tma={timings[1]['tma']}",
-                  flush=True)
+                  f"tma={best['tma']} | 2nd {second['us']:7.0f}us {second['cfg']} tma={second['tma']}", flush=True)
             results.append({"shape": shape.name, "padding": padding, "role": role, "timings": timings})
         del x, wg, wu, wd, act, gate, up
         torch.cuda.empty_cache()
