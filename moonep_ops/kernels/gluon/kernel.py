@@ -36,9 +36,9 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                               TAIL_BY_PRODUCER: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
                               WAIT_PRIOR: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr,
-                              SKIP_LONE_ONLY: gl.constexpr,                               SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr, MAX_POLLS: gl.constexpr,
-                              HALF_LOADS: gl.constexpr, FP8: gl.constexpr, SPLIT_RING: gl.constexpr,
-                              num_warps: gl.constexpr):
+                              SKIP_LONE_ONLY: gl.constexpr, SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr,
+                              MAX_POLLS: gl.constexpr, HALF_LOADS: gl.constexpr, FP8: gl.constexpr,
+                              SPLIT_RING: gl.constexpr, num_warps: gl.constexpr):
     """Arguments: the TMA descriptors of :func:`.host.descriptors`; ``out`` again as a pointer
     (masked stores); a weight per row of ``a`` (route weights, or zeros marking idle rows);
     ``cu_seqlens``; the row-tile handoff's state (:class:`.host.Handoff`); the sizes; ``ZERO_N``:
