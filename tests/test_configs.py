@@ -128,3 +128,21 @@ def test_fp8_configs():
         assert plain == configs.GluonConfig(block_m=64, block_n=128, block_k=128, stages=8, pingpong=True,
                                             split_ring=True, tail_by_producer=True)
     assert not pick(2048, 768, 48896, fused=False, groups=128).tail_by_producer  # qwen3 down: K = 768
+
+
+@pytest.mark.parametrize("skip, lone", [(False, False), (True, False), (True, True)])
+def test_idle_half_switches_reach_the_kernel(skip, lone):
+    """The kernel's ``SKIP_IDLE_HALF`` and ``SKIP_LONE_ONLY`` constexprs are the config's fields (CPU
+    tensors: the arguments are built, nothing launches)."""
+    import torch
+
+    from moonep_ops.kernels.cuda import paths
+
+    host = paths.gluon_host()
+    if host is None:
+        pytest.skip("this Triton has no usable Gluon")
+    a, w = torch.empty(256, 64, dtype=torch.bfloat16), torch.empty(2, 128, 64, dtype=torch.bfloat16)
+    out, cu = torch.empty(256, 128, dtype=torch.bfloat16), torch.tensor([100, 256], dtype=torch.int32)
+    cfg = configs.GluonConfig(skip_idle_half=skip, skip_lone_tiles_only=lone)
+    args = host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None))
+    assert (args["SKIP_IDLE_HALF"], args["SKIP_LONE_ONLY"], args["HALF_LOADS"]) == (skip, lone, skip)
