@@ -61,20 +61,17 @@ SCHEDULES = {
 }
 
 
-def time_role(role: str, cands, fn, out: torch.Tensor, schedules: bool, tma_only: bool, reps: int):
-    """Each candidate's median replay time (``inf`` where it cannot run), fastest first; with
-    ``schedules`` the role's schedules, each checked bit for bit against the first. None when that
-    first schedule fails."""
+def time_role(role: str, cands, tmas, fn, out: torch.Tensor, schedules: bool, reps: int):
+    """Each (candidate, TMA) pair's median replay time (``inf`` where it cannot run), fastest first;
+    with ``schedules`` each is first checked bit for bit against the first candidate's output.
+    None when that first candidate fails."""
     if schedules:
-        cands, tmas = SCHEDULES[role], (True,)
         try:
             fn(cands[0], True)
         except Exception as exc:
             print(f"  {role} reference schedule failed: {type(exc).__name__}: {str(exc)[:300]}")
             return None
         ref = out.clone()
-    else:
-        tmas = (True,) if tma_only else (False, True)
     timings = []
     for cfg, tma in itertools.product(cands, tmas):
         try:
@@ -117,7 +114,12 @@ def main(argv=None):
                 x, wg, wu, rw, cu, out_i, gate, up, cfg, tma), out_i),
         }
         for role in args.roles.split(","):
-            timings = time_role(role, *roles[role], args.schedules, args.tma_only, args.reps)
+            cands, fn, out = roles[role]
+            if args.schedules:
+                cands, tmas = SCHEDULES[role], (True,)
+            else:
+                tmas = (True,) if args.tma_only else (False, True)
+            timings = time_role(role, cands, tmas, fn, out, args.schedules, args.reps)
             if timings is None:
                 continue
             if args.schedules:
