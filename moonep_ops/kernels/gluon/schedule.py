@@ -4,8 +4,11 @@ Work items are (row tile, column tile) pairs of the segments of ``cu_seqlens``, 
 by segment (``GROUP_MAJOR``: the row tiles that share a weight tile run together) or row tile by
 row tile; program ``pid`` takes items ``pid + i * num_programs``, or with the row-tile handoff
 the next one from a global counter (:func:`.sync.next_item`). The producer and the consumers
-each find an item's segment by a forward walk over ``cu_seqlens`` with scalar loads (a program's
-items only move forward): no per-item scans. Segment ends are used as in the Triton kernel (rows
+each find an item's segment by a forward walk over ``cu_seqlens`` (a program's items only move
+forward): no per-item scans. The walk steps over non-empty segments one scalar load at a time and
+over a run of empty ones a whole chunk (one entry per thread) at a time: with many groups and few
+live ones (many experts, decode) a load per empty segment would put hundreds of dependent loads
+between a program's items. Segment ends are used as in the Triton kernel (rows
 masked to ``[0, min(end, NvS))``), so invalid ``cu_seqlens`` give unspecified values, never an
 out-of-bounds access.
 
@@ -23,15 +26,35 @@ from triton.experimental.gluon import language as gl
 
 
 @gluon.jit
-def walk(cu_seqlens_ptr, G, key, scale, group, tiles_before, tiles_through, start, end, BLOCK_M: gl.constexpr):
+def skip_empty(cu_seqlens_ptr, G, group, WARPS: gl.constexpr):
+    """The first segment after ``group`` that is not empty (its end above the previous end), or the
+    last of the ``32 * WARPS`` segments after ``group`` (or of all) when all of those are empty.
+    Returns it and its start and end."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    chunk = group + 1 + gl.arange(0, 32 * WARPS, layout=layout)
+    inside = chunk < G
+    ends = gl.load(cu_seqlens_ptr + chunk, mask=inside, other=0)
+    starts = gl.load(cu_seqlens_ptr + chunk - 1, mask=inside, other=0)
+    fallback = gl.minimum(group + 32 * WARPS, G - 1)
+    group = gl.min(gl.where(inside & (ends > starts), chunk, fallback), axis=0)
+    return group, gl.load(cu_seqlens_ptr + group - 1), gl.load(cu_seqlens_ptr + group)
+
+
+@gluon.jit
+def walk(cu_seqlens_ptr, G, key, scale, group, tiles_before, tiles_through, start, end, BLOCK_M: gl.constexpr,
+         WARPS: gl.constexpr):
     """Advance the segment cursor until ``key < tiles_through * scale``. The cursor: the segment
     ``group`` holding rows ``[start, end)``, and the numbers of row tiles before it and through it.
     ``key``: the item with ``scale`` its column tiles per row tile (``GROUP_MAJOR``), else the
-    item's row tile with ``scale`` 1."""
+    item's row tile with ``scale`` 1. ``WARPS``: the calling partition's warps (empty segments are
+    skipped a chunk at a time, :func:`skip_empty`); empty segments hold no tiles, so the cursor ends
+    where a step per segment would leave it."""
     while (key >= tiles_through * scale) & (group < G - 1):
         group += 1
         start = end
         end = gl.load(cu_seqlens_ptr + group)
+        if (end <= start) & (group < G - 1):
+            group, start, end = skip_empty(cu_seqlens_ptr, G, group, WARPS)
         tiles_before = tiles_through
         tiles_through += (gl.maximum(end - start, 0) + BLOCK_M - 1) // BLOCK_M
     return group, tiles_before, tiles_through, start, end
@@ -50,13 +73,14 @@ def item_coords(item, col_tiles, tiles_before, tiles_through, start, BLOCK_M: gl
 
 
 @gluon.jit
-def find_item(problem, tiling, item, group, tiles_before, tiles_through, start, end):
-    """Move the segment cursor to ``item``'s segment: returns the new cursor, then the item's first
-    row and column tile."""
+def find_item(problem, tiling, item, group, tiles_before, tiles_through, start, end, WARPS: gl.constexpr):
+    """Move the segment cursor to ``item``'s segment (``WARPS``: the calling partition's): returns
+    the new cursor, then the item's first row and column tile."""
     key = item if tiling.GROUP_MAJOR else item // problem.col_tiles
     scale = problem.col_tiles if tiling.GROUP_MAJOR else 1
     group, tiles_before, tiles_through, start, end = walk(problem.cu_seqlens_ptr, problem.G, key, scale, group,
-                                                          tiles_before, tiles_through, start, end, tiling.BLOCK_M)
+                                                          tiles_before, tiles_through, start, end, tiling.BLOCK_M,
+                                                          WARPS)
     row_lo, col_tile = item_coords(item, problem.col_tiles, tiles_before, tiles_through, start, tiling.BLOCK_M,
                                    tiling.GROUP_MAJOR)
     return group, tiles_before, tiles_through, start, end, row_lo, col_tile
