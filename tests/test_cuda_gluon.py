@@ -52,16 +52,16 @@ FUSED = {
 # 128), empty groups, a tail, N and K not multiples of the blocks, G > 1024 (the chunked scan), a
 # reduction longer than the stage ring (the ring wraps inside a tile), and a MoonEP-like layout.
 # ``sparse``: runs of empty segments shorter and longer than the schedule's chunk (32 entries a
-# warp: 32 for the producer, 128 and 256 for the consumers), exactly 32 and 128 long, leading and
-# trailing, and a live last segment after a run.
-_SPARSE_LIVE = {2: 130, 3: 5, 36: 64, 165: 1, 166: 200, 600: 129, 999: 70}
+# warp: 32 for the producer, 128 and 256 for the consumers), exactly 32 and 128 long, leading, and
+# a live last segment after a run.
+_SPARSE_LIVE = {2: 130, 3: 5, 36: 64, 165: 1, 166: 200, 679: 129, 999: 70, 1130: 3, 1299: 7}
 GLUON_LAYOUTS = [
     Layout("skewed", (3072, *([128] * 12), 0, 7), 3072 + 12 * 128 + 7 + 61, k=1024, n=520),
     Layout("odd", (5, 0, 130, 1, 255, 0), 500, k=200, n=72),
     Layout("g1100", tuple((i % 3) * 16 for i in range(1100)), 1100 * 16 + 5, k=256, n=128),
     _padded("moonep_padded", (100, 0, 3, 130, 0, 0, 250), 128, extra_tail=300, k=2048, n=384),
     Layout("all_empty", (0, 0, 0), 300, k=64, n=64),
-    Layout("sparse", tuple(_SPARSE_LIVE.get(i, 0) for i in range(1000)), sum(_SPARSE_LIVE.values()) + 40, k=192,
+    Layout("sparse", tuple(_SPARSE_LIVE.get(i, 0) for i in range(1300)), sum(_SPARSE_LIVE.values()) + 40, k=192,
            n=136),
 ]
 

@@ -154,7 +154,8 @@ def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, 
     GROUP_MAJOR: gl.constexpr = tiling.GROUP_MAJOR
     BLOCK_M: gl.constexpr = tiling.BLOCK_M
     SKIP_HALF: gl.constexpr = features.SKIP_IDLE_HALF
-    group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(problem, tiling, item, *segment, WARPS)
+    group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(problem, tiling, features, item,
+                                                                                 *segment, WARPS)
     # With TURN_AFTER_CHECK the idle check (a load of 64 weights) is made before waiting for this
     # consumer's turn (with a dynamic schedule the turn comes first: the item id is in the ring).
     idle_upper = idle_half(SKIP_HALF, features, problem, row_lo, start, end, BLOCK_M, WARPS)

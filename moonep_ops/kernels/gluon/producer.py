@@ -129,7 +129,7 @@ def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps,
     prefetched = 0
     if first < problem.real_items:
         group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-            problem, tiling, first, group, tiles_before, tiles_through, start, end, 1)
+            problem, tiling, features, first, group, tiles_before, tiles_through, start, end, 1)
         half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, tiling.BLOCK_M, 1)
         prefetched = gl.minimum(k_steps, tiling.STAGES)
         for k_step in range(prefetched):
@@ -208,7 +208,7 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
         item = next_item(problem.handoff_ptr)
         while item < problem.real_items:
             group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-                problem, tiling, item, group, tiles_before, tiles_through, start, end, 1)
+                problem, tiling, features, item, group, tiles_before, tiles_through, start, end, 1)
             grid_waited = wait_row_tile(
                 problem.handoff_ptr + 1 + row_tile(item, problem.col_tiles, tiles_before, tiles_through, GROUP_MAJOR),
                 problem.FLAG_TARGET, grid_waited, features.MAX_POLLS)
@@ -221,7 +221,7 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     else:
         for item in range(first, problem.real_items, stride):
             group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-                problem, tiling, item, group, tiles_before, tiles_through, start, end, 1)
+                problem, tiling, features, item, group, tiles_before, tiles_through, start, end, 1)
             half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, BLOCK_M, 1)
             ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
                                              group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,

@@ -5,10 +5,10 @@ by segment (``GROUP_MAJOR``: the row tiles that share a weight tile run together
 row tile; program ``pid`` takes items ``pid + i * num_programs``, or with the row-tile handoff
 the next one from a global counter (:func:`.sync.next_item`). The producer and the consumers
 each find an item's segment by a forward walk over ``cu_seqlens`` (a program's items only move
-forward): no per-item scans. The walk steps over non-empty segments one scalar load at a time and
-over a run of empty ones a whole chunk (one entry per thread) at a time: with many groups and few
-live ones (many experts, decode) a load per empty segment would put hundreds of dependent loads
-between a program's items. Segment ends are used as in the Triton kernel (rows
+forward): no per-item scans. The walk steps over non-empty segments one scalar load at a time and,
+in the bf16/fp16 kernels, over a run of empty ones a whole chunk (one entry per thread) at a time:
+with many groups and few live ones (many experts, decode) a load per empty segment would put
+hundreds of dependent loads between a program's items. Segment ends are used as in the Triton kernel (rows
 masked to ``[0, min(end, NvS))``), so invalid ``cu_seqlens`` give unspecified values, never an
 out-of-bounds access.
 
@@ -42,19 +42,20 @@ def skip_empty(cu_seqlens_ptr, G, group, WARPS: gl.constexpr):
 
 @gluon.jit
 def walk(cu_seqlens_ptr, G, key, scale, group, tiles_before, tiles_through, start, end, BLOCK_M: gl.constexpr,
-         WARPS: gl.constexpr):
+         WARPS: gl.constexpr, SKIP_EMPTY_RUNS: gl.constexpr):
     """Advance the segment cursor until ``key < tiles_through * scale``. The cursor: the segment
     ``group`` holding rows ``[start, end)``, and the numbers of row tiles before it and through it.
     ``key``: the item with ``scale`` its column tiles per row tile (``GROUP_MAJOR``), else the
-    item's row tile with ``scale`` 1. ``WARPS``: the calling partition's warps (empty segments are
-    skipped a chunk at a time, :func:`skip_empty`); empty segments hold no tiles, so the cursor ends
-    where a step per segment would leave it."""
+    item's row tile with ``scale`` 1. With ``SKIP_EMPTY_RUNS`` runs of empty segments are skipped a
+    chunk at a time (:func:`skip_empty`, ``WARPS``: the calling partition's warps); empty segments
+    hold no tiles, so the cursor ends where a step per segment would leave it."""
     while (key >= tiles_through * scale) & (group < G - 1):
         group += 1
         start = end
         end = gl.load(cu_seqlens_ptr + group)
-        if (end <= start) & (group < G - 1):
-            group, start, end = skip_empty(cu_seqlens_ptr, G, group, WARPS)
+        if SKIP_EMPTY_RUNS:
+            if (end <= start) & (group < G - 1):
+                group, start, end = skip_empty(cu_seqlens_ptr, G, group, WARPS)
         tiles_before = tiles_through
         tiles_through += (gl.maximum(end - start, 0) + BLOCK_M - 1) // BLOCK_M
     return group, tiles_before, tiles_through, start, end
@@ -73,14 +74,16 @@ def item_coords(item, col_tiles, tiles_before, tiles_through, start, BLOCK_M: gl
 
 
 @gluon.jit
-def find_item(problem, tiling, item, group, tiles_before, tiles_through, start, end, WARPS: gl.constexpr):
+def find_item(problem, tiling, features, item, group, tiles_before, tiles_through, start, end, WARPS: gl.constexpr):
     """Move the segment cursor to ``item``'s segment (``WARPS``: the calling partition's): returns
-    the new cursor, then the item's first row and column tile."""
+    the new cursor, then the item's first row and column tile. The FP8 kernels step over empty
+    segments one at a time: there the chunk's registers add spills, which cost 2-5% on layouts
+    without empty segments (docs/fp8.md)."""
     key = item if tiling.GROUP_MAJOR else item // problem.col_tiles
     scale = problem.col_tiles if tiling.GROUP_MAJOR else 1
     group, tiles_before, tiles_through, start, end = walk(problem.cu_seqlens_ptr, problem.G, key, scale, group,
                                                           tiles_before, tiles_through, start, end, tiling.BLOCK_M,
-                                                          WARPS)
+                                                          WARPS, not features.FP8)
     row_lo, col_tile = item_coords(item, problem.col_tiles, tiles_before, tiles_through, start, tiling.BLOCK_M,
                                    tiling.GROUP_MAJOR)
     return group, tiles_before, tiles_through, start, end, row_lo, col_tile
