@@ -10,6 +10,8 @@ skipped: they include compilation):
         python -m benchmarks.profile --shape 2 --path fp8
 
 ``--path bf16`` runs the bf16 experts op; ``--calls`` sets how many calls run (default 3).
+``--case NAME`` runs a layout-sweep case instead of a benchmark shape (its name as the sweep prints
+it, e.g. ``--case "qwen3-30b-a3b K8 G1000 epn996 S16 z1.5 p1 s0"``; its own padding, seed and skew).
 """
 
 import argparse
@@ -18,6 +20,8 @@ import torch
 
 import moonep_ops
 from benchmarks.shapes import SHAPES, build_problem
+from benchmarks.sweep import DEFAULT_CASES
+from benchmarks.sweep_cases import sweep_cases
 
 
 def main(argv=None) -> int:
@@ -26,11 +30,16 @@ def main(argv=None) -> int:
     parser.add_argument("--padding", type=int, default=128, help="token padding of the layout (128 or 1)")
     parser.add_argument("--path", choices=("bf16", "fp8"), default="bf16")
     parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--case", default=None, help="a layout-sweep case by name (benchmarks.sweep_cases)")
     args = parser.parse_args(argv)
+    case = sweep_case(args.case, parser) if args.case else None
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    shape = SHAPES[args.shape]
-    x, w_gate, w_up, w_down, cu, rw, sizes = build_problem(shape, args.padding)
+    if case is None:
+        shape, padding, layout = SHAPES[args.shape], args.padding, {}
+    else:
+        shape, padding, layout = case.shape(), case.token_padding, dict(seed=case.seed, skew=case.skew)
+    x, w_gate, w_up, w_down, cu, rw, sizes = build_problem(shape, padding, **layout)
     kwargs = {}
     if args.path == "fp8":
         (w_gate, s_gate), (w_up, s_up), (w_down, s_down) = (moonep_ops.fp8.quantize_weight(w)
@@ -40,9 +49,17 @@ def main(argv=None) -> int:
     for _ in range(args.calls):
         moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, out=out, **kwargs)
     torch.cuda.synchronize()
-    print(f"{shape.name}, padding {args.padding}, {args.path}: {args.calls} calls, NvS {x.shape[0]}, "
+    print(f"{shape.name}, padding {padding}, {args.path}: {args.calls} calls, NvS {x.shape[0]}, "
           f"rows in segments {sum(sizes)}")
     return 0
+
+
+def sweep_case(name: str, parser):
+    """The layout-sweep case called ``name`` (the default list, anchors included)."""
+    cases = {case.name: case for case in sweep_cases(DEFAULT_CASES)}
+    if name not in cases:
+        parser.error(f"no layout-sweep case named {name!r} (python -m benchmarks.sweep --list names them)")
+    return cases[name]
 
 
 if __name__ == "__main__":
