@@ -8,9 +8,9 @@ each find an item's segment by a forward walk over ``cu_seqlens`` (a program's i
 forward): no per-item scans. The walk steps over non-empty segments one scalar load at a time and,
 in the bf16/fp16 kernels, over a run of empty ones a whole chunk (one entry per thread) at a time:
 with many groups and few live ones (many experts, decode) a load per empty segment would put
-hundreds of dependent loads between a program's items. Segment ends are used as in the Triton kernel (rows
-masked to ``[0, min(end, NvS))``), so invalid ``cu_seqlens`` give unspecified values, never an
-out-of-bounds access.
+hundreds of dependent loads between a program's items. Segment ends are used as in the Triton
+kernel (rows masked to ``[0, min(end, NvS))``), so invalid ``cu_seqlens`` give unspecified values,
+never an out-of-bounds access.
 
 Idle upper halves (``SKIP_IDLE_HALF``): a segment's last row tile whose upper 64 rows all lie past
 the segment's end or have weight 0 (``SKIP_BY_WEIGHT``: MoonEP's padding rows) runs its MMAs on
