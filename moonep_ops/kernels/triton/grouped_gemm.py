@@ -570,8 +570,6 @@ def _descriptor_geometry(a, w, w_up, a_up, out, cfg: GemmConfig, use_tma: bool) 
     return descs, w_transposed, tma_store
 
 
-
-
 def _kernel_args(plan: Plan, a, w, w_up, route_weights, cu_seqlens, out, a_up, saved) -> list:
     """The kernel's runtime arguments: unused operands stand in for the absent ones (``w_up``
     unless fused or dual, ``a_up`` unless dual, route weights, gate and up unless saved)."""
