@@ -118,16 +118,28 @@ def test_split_ring_needs_pingpong_even_stages_and_no_handoff(fields):
 def test_fp8_configs():
     """The FP8 GEMMs: 128-deep K blocks (the scale block), 128 columns (one weight-scale block; the
     fused GEMM's act scale group), ping-pong 64-row tiles whose consumers each have a producer and
-    half of the ring: two stages each for the fused GEMM, four for the plain one."""
+    half of the ring: two stages each for the fused GEMM, four for the plain one; idle tiles skipped
+    where the kernel finds two-tile segments."""
     pick = configs.gluon_fp8_config
     for nvs, groups in ((13312, 104), (8192, 48), (45056, 104), (512, 128), (1500, 104)):
         fused = pick(2048, 7168, nvs, fused=True, groups=groups)
         assert fused == configs.GluonConfig(block_m=64, block_n=128, block_k=128, stages=4, pingpong=True,
-                                            split_ring=True, tail_by_producer=True)
+                                            split_ring=True, tail_by_producer=True, skip_idle_tiles=True)
         plain = pick(7168, 2048, nvs, fused=False, groups=groups)
         assert plain == configs.GluonConfig(block_m=64, block_n=128, block_k=128, stages=8, pingpong=True,
-                                            split_ring=True, tail_by_producer=True)
+                                            split_ring=True, tail_by_producer=True, skip_idle_tiles=True)
     assert not pick(2048, 768, 48896, fused=False, groups=128).tail_by_producer  # qwen3 down: K = 768
+
+
+@pytest.mark.parametrize("fields", [dict(stages=4), dict(stages=4, split_ring=True, skip_idle_half=True)],
+                         ids=["one_ring", "idle_halves"])
+def test_skip_idle_tiles_needs_split_rings_and_no_idle_halves(fields):
+    """A skipped tile takes no ring stages: each consumer counts its own ring's items, which only
+    split rings give it; a tile is skipped whole or computed (no idle halves)."""
+    assert configs.GluonConfig(stages=4, split_ring=True, skip_idle_tiles=True).skip_idle_tiles
+    with pytest.raises(ValueError) as err:
+        configs.GluonConfig(skip_idle_tiles=True, **fields)
+    assert str(err.value).startswith("GluonConfig: skip_idle_tiles needs split rings and no skip_idle_half, got ")
 
 
 @pytest.mark.parametrize("skip, lone", [(False, False), (True, False), (True, True)])

@@ -95,6 +95,13 @@ LAYOUT_IDS = [layout.name for layout in LAYOUTS]
 # 64-row tiles of nothing but padding, and tiles that mix both.
 MOONEP_PADDING = Layout("moonep_padding", (128, 0, 128, 256, 128), 677, k=256, n=144, padded_to=128,
                         real_rows=(100, 0, 3, 130, 64))
+# Decode as MoonEP lays it out: every live segment one padded 128-row block (two 64-row tiles, the
+# upper one often all padding), empty segments between them, enough items for a full grid. On an
+# sm90 GPU with an even SM count the Gluon kernels skip the idle tiles and spread the items over
+# one program fewer (GluonConfig.skip_idle_tiles).
+_DECODE_REAL = tuple(0 if g % 7 == 3 else (g * 37) % 127 + 1 for g in range(80))
+MOONEP_DECODE = Layout("moonep_decode", tuple(128 if r else 0 for r in _DECODE_REAL), 128 * 70 + 33, k=256, n=384,
+                       padded_to=128, real_rows=_DECODE_REAL)
 
 
 def _gemm_args(layout, dtype, device):
@@ -209,6 +216,28 @@ def test_experts_fp8_on_moonep_padding(dtype, device):
     out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, w_gate_scale=sg, w_up_scale=su,
                                     w_down_scale=sd)
     _check(out, ref_experts_fp8(*args), layout, dtype, device, _experts_tolerance(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_experts_fp8_on_moonep_decode(device):
+    """Decode-sized padded segments (idle 64-row tiles skipped on sm90), against the reference,
+    with the buffers between the launches handed out full of NaN: a skipped tile whose rows the
+    down GEMM read would change the result."""
+    from moonep_ops.kernels.cuda import fp8 as cuda_fp8
+
+    layout = MOONEP_DECODE
+    args = _experts_args(layout, torch.bfloat16, device)
+    zero_padding_rows(layout, args[-2])
+    out = torch.ops.moonep.experts_fp8(*args)
+    _check(out, ref_experts_fp8(*args), layout, torch.bfloat16, device, _experts_tolerance(device))
+    if device == "cuda":
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(cuda_fp8, "_scratch", lambda shape, dtype, device: torch.full(
+                shape, float("nan"), device=device).to(dtype))
+            assert torch.equal(torch.ops.moonep.experts_fp8(*args), out)
+    x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
+    _check(torch.ops.moonep.grouped_gemm_fp8(x, w_gate, scale, cu), ref_grouped_gemm_fp8(x, w_gate, scale, cu),
+           layout, torch.bfloat16, device)
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])

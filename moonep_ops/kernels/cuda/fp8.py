@@ -62,15 +62,16 @@ def choose_gluon(a, w, w_up, out):
 
 
 def _gemm(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_scale, gluon: bool, *,
-          zero_tail=True, key=None):
-    """One FP8 GEMM launch: the Gluon kernel where ``gluon`` and it applies, else the Triton one."""
+          zero_tail=True, key=None, idle_weights=None):
+    """One FP8 GEMM launch: the Gluon kernel where ``gluon`` and it applies, else the Triton one.
+    ``idle_weights``: zeros mark rows of ``a`` that are zero (the Gluon kernel may skip them)."""
     from ..triton import grouped_gemm_fp8
 
     if gluon:
         host = gluon_host()
         scales = host.Fp8Scales(a_scale, w_scale, w_scale if w_up is None else w_up_scale, out_scale)
         ran = host.run(a, w, w_up, route_weights, cu, out, choose_gluon, zero_tail=zero_tail, scales=scales,
-                       key=key)
+                       key=key, idle_weights=idle_weights)
         if ran is not host.GluonResult.NOT_APPLICABLE:
             return
     grouped_gemm_fp8.run(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_scale, choose,
@@ -117,7 +118,9 @@ def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale
     gluon = gluon_wanted(capability_of(x), x.dtype)
     _gemm(x_q, x_scale, w_gate, w_gate_scale, w_up, w_up_scale, route_weights, cu, act, act_scale, gluon,
           zero_tail=False, key=key)
-    _gemm(act, act_scale, w_down, w_down_scale, None, None, None, cu, out, None, gluon, key=key)
+    # act's rows of route weight 0 are zero: the down GEMM may skip them (idle tiles).
+    _gemm(act, act_scale, w_down, w_down_scale, None, None, None, cu, out, None, gluon, key=key,
+          idle_weights=route_weights)
 
 
 def _empty(shape, like: torch.Tensor) -> torch.Tensor:

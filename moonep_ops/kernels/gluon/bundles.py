@@ -88,7 +88,8 @@ class Problem:
     segment ends; ``handoff_ptr``: the row-tile handoff's item counter, then one flag per row tile
     (see :mod:`.sync`). ``real_items``: items of real rows; ``live_end``: the tail's first row;
     ``tail_items``: the tail's items; ``col_tiles``: column tiles per row tile;
-    ``zero_col_tiles``: column chunks of the tail the producer zeroes."""
+    ``zero_col_tiles``: column chunks of the tail the producer zeroes; ``spread``: 1 where idle
+    tiles are skipped and the items spread over one program fewer (``SKIP_IDLE_TILES``), else 0."""
     out_ptr: gl.tensor
     row_weights_ptr: gl.tensor
     cu_seqlens_ptr: gl.tensor
@@ -104,10 +105,11 @@ class Problem:
     tail_items: Int
     col_tiles: Int
     zero_col_tiles: Int
+    spread: Int
 
     @constexpr_function
     def __init__(self, out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
-                 FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles):
+                 FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread):
         self.out_ptr = out_ptr
         self.row_weights_ptr = row_weights_ptr
         self.cu_seqlens_ptr = cu_seqlens_ptr
@@ -123,6 +125,7 @@ class Problem:
         self.tail_items = _field(tail_items)
         self.col_tiles = _field(col_tiles)
         self.zero_col_tiles = _field(zero_col_tiles)
+        self.spread = _field(spread)
 
 
 @aggregate
@@ -193,6 +196,7 @@ class Features:
     SKIP_IDLE_HALF: gl.constexpr
     SKIP_BY_WEIGHT: gl.constexpr
     SKIP_LONE_ONLY: gl.constexpr
+    SKIP_IDLE_TILES: gl.constexpr
     HALF_LOADS: gl.constexpr
     WAIT_PRIOR: gl.constexpr
     SIGNAL_ROWS: gl.constexpr
@@ -201,7 +205,7 @@ class Features:
 
     @constexpr_function
     def __init__(self, FP8, FUSED, HAS_WEIGHTS, CONSUMER_TAIL, PRODUCER_TAIL, SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
-                 SKIP_LONE_ONLY, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS):
+                 SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS):
         self.FP8 = _field(FP8)
         self.FUSED = _field(FUSED)
         self.HAS_WEIGHTS = _field(HAS_WEIGHTS)
@@ -210,6 +214,7 @@ class Features:
         self.SKIP_IDLE_HALF = _field(SKIP_IDLE_HALF)
         self.SKIP_BY_WEIGHT = _field(SKIP_BY_WEIGHT)
         self.SKIP_LONE_ONLY = _field(SKIP_LONE_ONLY)
+        self.SKIP_IDLE_TILES = _field(SKIP_IDLE_TILES)
         self.HALF_LOADS = _field(HALF_LOADS)
         self.WAIT_PRIOR = _field(WAIT_PRIOR)
         self.SIGNAL_ROWS = _field(SIGNAL_ROWS)

@@ -37,8 +37,16 @@ class GluonConfig:
     # ping-pong: each consumer has its own producer warp and half of the ring, so that the two
     # main loops run at once instead of taking turns
     split_ring: bool = False
+    # split rings: where the live segments hold at most two row tiles on average (decode), a
+    # segment's last row tile whose rows are all idle (past the end, or weight 0) is neither
+    # loaded nor multiplied (its rows are stored as zeros), and the items spread over an odd
+    # number of programs (schedule.ring_item)
+    skip_idle_tiles: bool = False
 
     def __post_init__(self):
+        if self.skip_idle_tiles and (not self.split_ring or self.skip_idle_half):
+            raise ValueError(f"GluonConfig: skip_idle_tiles needs split rings and no skip_idle_half, got "
+                             f"split_ring={self.split_ring}, skip_idle_half={self.skip_idle_half}")
         if self.split_ring and (not self.pingpong or self.handoff or self.stages % 2):
             raise ValueError(f"GluonConfig: split_ring needs ping-pong, no handoff and an even number of stages, got "
                              f"pingpong={self.pingpong}, handoff={self.handoff}, stages={self.stages}")
@@ -129,6 +137,10 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
     consumer's epilogue (for the fused GEMM: the activation, its quantization, the stores) still
     runs under the other's main loop. The fused GEMM's 40 KiB stages: two per ring beside the two
     8 KiB ``act`` buffers; the plain GEMM's 24 KiB stages: four per ring beside two 16 KiB output
-    buffers. Only ``fused`` and ``k`` matter; the other arguments are :func:`gluon_gemm_config`'s."""
+    buffers. Where the live segments hold two 64-row tiles each (decode: MoonEP pads each segment to
+    128 rows, most of them padding), a segment's idle last tile is skipped and the items spread over
+    an odd grid (``skip_idle_tiles``: padded kimi-k2 decode and qwen3 S=64 about 10% faster; other
+    layouts keep the even grid and every tile). Only ``fused`` and ``k`` matter; the other
+    arguments are :func:`gluon_gemm_config`'s."""
     return GluonConfig(block_m=64, block_n=128, block_k=128, stages=4 if fused else 8, pingpong=True,
-                       split_ring=True, tail_by_producer=k >= 2048)
+                       split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True)

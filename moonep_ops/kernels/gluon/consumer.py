@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .consumer_fp8 import tile_fp8
-from .schedule import find_item, idle_half, row_tile
+from .schedule import find_item, idle_half, idle_tile, programs, ring_item, row_tile
 from .store import flush_tile, store_rows
 from .sync import signal_row_tile
 
@@ -146,11 +146,49 @@ def _store_tile(acc, out_buf, out_desc, problem, row_lo, col0, end, acc_layout: 
 
 
 @gluon.jit
-def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, segment, item, i, k_steps,
+def _zero_tile(descs, problem, scales, features, row_lo, col0, end, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               WARPS: gl.constexpr):
+    """A skipped idle tile: zeros to its rows inside the segment (for the FP8 fused GEMM, zero
+    ``act`` and zero row scales)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
+    rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    live_end = gl.minimum(end, problem.NUM_ROWS)
+    zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout).to(descs.out.dtype)
+    store_rows(problem.out_ptr, zeros, rows, col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout)), live_end,
+               problem.N, problem.stride_om)
+    if features.FP8:
+        if features.FUSED:
+            gl.store(scales.out_ptr + rows.to(gl.int64) * scales.stride_om + col0 // 128,
+                     gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, layout)), mask=(rows >= 0) & (rows < live_end))
+
+
+@gluon.jit
+def _compute_tile(smem, out_buf, descs, problem, scales, tiling, features, pending, group, row_lo, col0, end, ring_pos,
+                  k_steps, idle_upper, PARITY: gl.constexpr, WARPS: gl.constexpr):
+    """An item's tile from the ring: FP8, on the lower half (``idle_upper``) or whole."""
+    BLOCK_M: gl.constexpr = tiling.BLOCK_M
+    if features.FP8:
+        tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row_lo, col0, end, ring_pos, k_steps,
+                 PARITY, WARPS)
+    elif features.SKIP_IDLE_HALF:
+        if idle_upper:
+            _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0, end, ring_pos, k_steps,
+                  BLOCK_M // 2, PARITY, WARPS)
+        else:
+            _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0, end, ring_pos, k_steps,
+                  BLOCK_M, PARITY, WARPS)
+    else:
+        _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0, end, ring_pos, k_steps, BLOCK_M,
+              PARITY, WARPS)
+
+
+@gluon.jit
+def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, segment, item, i, slot, k_steps,
               TURN_AFTER_CHECK: gl.constexpr, PARITY: gl.constexpr, WARPS: gl.constexpr):
-    """The consumer's local item ``i`` (global id ``item``): move the segment cursor ``segment``
-    (see :func:`.schedule.walk`) to its segment, check for an idle upper half, run it on the
-    matching rows. Returns the cursor and the item's row tile."""
+    """The consumer's local item ``i`` (global id ``item``; ``slot``: the items loaded into its
+    ring before it): move the segment cursor ``segment`` (see :func:`.schedule.walk`) to its
+    segment, check for an idle upper half or an idle tile, run it on the matching rows. Returns the
+    cursor, the item's row tile and whether it used the ring (1) or was skipped (0)."""
     GROUP_MAJOR: gl.constexpr = tiling.GROUP_MAJOR
     BLOCK_M: gl.constexpr = tiling.BLOCK_M
     SKIP_HALF: gl.constexpr = features.SKIP_IDLE_HALF
@@ -162,24 +200,22 @@ def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, 
     if SKIP_HALF and not tiling.SPLIT_RING:
         if TURN_AFTER_CHECK:
             mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
-    # the ring position of this item's first stage (the producer's count; with SPLIT_RING each
-    # consumer has its own ring and producer)
-    ring_pos = (i // tiling.CONSUMERS if tiling.SPLIT_RING else i) * k_steps
-    if features.FP8:
-        tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row_lo, col_tile * tiling.BLOCK_N,
-                 end, ring_pos, k_steps, PARITY, WARPS)
-    elif SKIP_HALF:
-        if idle_upper:
-            _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col_tile * tiling.BLOCK_N, end,
-                  ring_pos, k_steps, BLOCK_M // 2, PARITY, WARPS)
+    ring_pos = slot * k_steps  # the ring position of this item's first stage (the producer's count)
+    col0 = col_tile * tiling.BLOCK_N
+    used = gl.to_tensor(1)
+    if features.SKIP_IDLE_TILES:
+        idle = idle_tile(features, problem, row_lo, end, BLOCK_M, WARPS)
+        used = 1 - idle.to(gl.int32)
+        if idle:
+            _zero_tile(descs, problem, scales, features, row_lo, col0, end, BLOCK_M, tiling.BLOCK_N, WARPS)
         else:
-            _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col_tile * tiling.BLOCK_N, end,
-                  ring_pos, k_steps, BLOCK_M, PARITY, WARPS)
+            _compute_tile(smem, out_buf, descs, problem, scales, tiling, features, pending, group, row_lo, col0, end,
+                          ring_pos, k_steps, idle_upper, PARITY, WARPS)
     else:
-        _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col_tile * tiling.BLOCK_N, end,
-              ring_pos, k_steps, BLOCK_M, PARITY, WARPS)
+        _compute_tile(smem, out_buf, descs, problem, scales, tiling, features, pending, group, row_lo, col0, end,
+                      ring_pos, k_steps, idle_upper, PARITY, WARPS)
     return (group, tiles_before, tiles_through, start, end), row_tile(item, problem.col_tiles, tiles_before,
-                                                                      tiles_through, GROUP_MAJOR)
+                                                                      tiles_through, GROUP_MAJOR), used
 
 
 @gluon.jit
@@ -190,8 +226,7 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
     STAGES: gl.constexpr = tiling.STAGES
     CONSUMERS: gl.constexpr = tiling.CONSUMERS
     out_buf = smem.out_bufs.index(PARITY)
-    pid = gl.program_id(0)
-    num_progs = gl.num_programs(0)
+    pid, num_progs = programs(problem, features)
     k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
     segment = (-1, 0, 0, 0, 0)  # the segment cursor: see schedule.walk
     pending = -1  # SIGNAL_ROWS: the row tile of this consumer's last stored item, not yet signalled
@@ -206,8 +241,8 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
             mbarrier.wait(smem.ready.index(ring_pos % STAGES), (ring_pos // STAGES) & 1)
             item = gl.max(smem.item_ids.index(ring_pos % STAGES).load(item_layout), 0)
             if item >= 0:
-                segment, pending = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, segment,
-                                             item, i, k_steps, False, PARITY, WARPS)
+                segment, pending, _ = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending,
+                                                segment, item, i, i, k_steps, False, PARITY, WARPS)
                 i += CONSUMERS
             else:
                 for k_step in range(k_steps):  # the end marker's stages, released like an item's
@@ -216,14 +251,26 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
                     mbarrier.arrive(smem.empty.index((ring_pos + k_step) % STAGES), count=1)
                 if CONSUMERS == 2:
                     mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
+    elif tiling.SPLIT_RING:  # this ring's items (schedule.ring_item); idle tiles skip the ring
+        n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
+        slot = 0
+        j = 0
+        i = ring_item(0, problem.spread, PARITY)
+        while i < n_local:
+            segment, pending, used = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending,
+                                               segment, pid + i * num_progs, i, slot, k_steps, False, PARITY, WARPS)
+            slot += used
+            j += 1
+            i = ring_item(j, problem.spread, PARITY)
     else:
         n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
         for i in range(PARITY, n_local, CONSUMERS):
-            if CONSUMERS == 2 and not features.SKIP_IDLE_HALF and not tiling.SPLIT_RING:
+            if CONSUMERS == 2 and not features.SKIP_IDLE_HALF:
                 # Fresh mbarriers count as having completed a phase of parity 1: consumer 0 starts.
                 mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
-            segment, pending = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, segment,
-                                         pid + i * num_progs, i, k_steps, CONSUMERS == 2, PARITY, WARPS)
+            segment, pending, _ = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending,
+                                            segment, pid + i * num_progs, i, i, k_steps, CONSUMERS == 2, PARITY,
+                                            WARPS)
     if features.SIGNAL_ROWS:
         if pending >= 0:
             signal_row_tile(problem.handoff_ptr + 1 + pending)
@@ -235,6 +282,7 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
         zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
         zeros = gl.zeros([BLOCK_M, BLOCK_N], descs.out.dtype, zero_layout)
         first = (pid - problem.real_items % num_progs + num_progs) % num_progs
+        first = gl.where(pid < num_progs, first, problem.tail_items)  # a program that takes no items
         for j in range(first + PARITY * num_progs, problem.tail_items, CONSUMERS * num_progs):
             rows = problem.live_end + (j // problem.col_tiles) * BLOCK_M + gl.arange(
                 0, BLOCK_M, layout=gl.SliceLayout(1, zero_layout))

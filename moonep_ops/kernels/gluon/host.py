@@ -131,6 +131,8 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
         raise ValueError("the row-tile handoff is between a PDL primary and its dependent")
     if tail_out is not None and zero_tail:
         raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
+    if handoff is not None and cfg.skip_idle_tiles:
+        raise ValueError("the row-tile handoff loads every item: no skip_idle_tiles")
     scale_names = ("a_scale_ptr", "w_scale_ptr", "w_up_scale_ptr", "out_scale_ptr", "stride_asm", "stride_wsg",
                    "stride_wsn", "stride_usg", "stride_usn", "stride_osm")
     return dict(zip(scale_names, _scale_args(a, scales)),
@@ -153,7 +155,8 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 SIGNAL_ROWS=handoff is not None and role is PdlRole.PRIMARY,
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
                 MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,
-                SPLIT_RING=cfg.split_ring, num_warps=cfg.num_warps)
+                SPLIT_RING=cfg.split_ring, SKIP_IDLE_TILES=cfg.skip_idle_tiles,
+                num_warps=cfg.num_warps)
 
 
 def _compile_and_launch(grid, kwargs, role: PdlRole):

@@ -38,7 +38,7 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               WAIT_PRIOR: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr,
                               SKIP_LONE_ONLY: gl.constexpr, SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr,
                               MAX_POLLS: gl.constexpr, HALF_LOADS: gl.constexpr, FP8: gl.constexpr,
-                              SPLIT_RING: gl.constexpr, num_warps: gl.constexpr):
+                              SPLIT_RING: gl.constexpr, SKIP_IDLE_TILES: gl.constexpr, num_warps: gl.constexpr):
     """Arguments: the TMA descriptors of :func:`.host.descriptors`; ``out`` again as a pointer
     (masked stores); a weight per row of ``a`` (route weights, or zeros marking idle rows);
     ``cu_seqlens``; the row-tile handoff's state (:class:`.host.Handoff`); the sizes; ``ZERO_N``:
@@ -54,11 +54,22 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     # as scalars).
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     real_tiles = 0
+    live_segments = 0
     for c in range(0, G, BLOCK_G):
         offs = c + gl.arange(0, BLOCK_G, layout=scan_layout)
         ends = gl.load(cu_seqlens_ptr + offs, mask=offs < G, other=0)
         starts = gl.load(cu_seqlens_ptr + offs - 1, mask=(offs > 0) & (offs < G), other=0)
         real_tiles += gl.sum((gl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M, 0)
+        if SKIP_IDLE_TILES:
+            live_segments += gl.sum((ends > starts).to(gl.int32), 0)
+    spread = 0
+    if SKIP_IDLE_TILES:
+        # Segments of two row tiles (1.75-2 on average: decode, 128-row padded segments of a few
+        # rows): skip idle tiles, on an odd number of programs (schedule.ring_item): the last
+        # program of an even grid takes no items.
+        num_progs = gl.num_programs(0)
+        two_tiles = (real_tiles <= 2 * live_segments) & (4 * real_tiles >= 7 * live_segments)
+        spread = (two_tiles & (num_progs % 2 == 0) & (num_progs > 1)).to(gl.int32)
     live_end = gl.minimum(gl.maximum(gl.load(cu_seqlens_ptr + G - 1), 0), NUM_ROWS)
     col_tiles = gl.cdiv(N, BLOCK_N)
     zero_col_tiles = gl.cdiv(ZERO_N, zero_desc.block_type.shape[1])
@@ -91,11 +102,12 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
 
     descs = Descriptors(a_desc, a_half_desc, w_desc, w_up_desc, zero_desc, out_desc)
     problem = Problem(out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
-                      FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles)
+                      FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread)
     scales = Scales(a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg, stride_wsn,
                     stride_usg, stride_usn, stride_osm)
     features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, PRODUCER_TAIL, SKIP_IDLE_HALF,
-                        SKIP_BY_WEIGHT, SKIP_LONE_ONLY, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS)
+                        SKIP_BY_WEIGHT, SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF,
+                        MAX_POLLS)
     if SPLIT_RING:  # two pipelines at once: consumer c and producer c on ring c
         ring0 = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
         ring1 = SharedMemory(a_bufs_1, w_bufs_1, w_up_bufs_1, out_bufs, zero_buf, ready_1, empty_1, turn, item_ids)

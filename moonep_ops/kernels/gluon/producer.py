@@ -29,7 +29,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from .schedule import find_item, idle_half, row_tile
+from .schedule import find_item, idle_half, idle_tile, programs, ring_item, row_tile
 from .sync import griddepcontrol_wait, next_item, wait_row_tile, warp_sync
 
 
@@ -84,8 +84,7 @@ def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half
     over them. With ``HANDOFF`` the item's id goes with its first stage. ``half`` (``HALF_LOADS``):
     the tile's upper half is idle, so only the lower half of its ``a`` rows is loaded (the
     ``a_half`` box), the rows its MMAs read. Returns the ring position and the chunks done."""
-    pid = gl.program_id(0)
-    num_progs = gl.num_programs(0)
+    pid, num_progs = programs(problem, features)
     STAGES: gl.constexpr = tiling.STAGES
     for k_step in range(k_steps):
         stage = ring_pos % STAGES
@@ -132,6 +131,9 @@ def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps,
             problem, tiling, features, first, group, tiles_before, tiles_through, start, end, 1)
         half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, tiling.BLOCK_M, 1)
         prefetched = gl.minimum(k_steps, tiling.STAGES)
+        if features.SKIP_IDLE_TILES:
+            if idle_tile(features, problem, row_lo, end, tiling.BLOCK_M, 1):
+                prefetched = 0  # a skipped item: the next one starts the ring
         for k_step in range(prefetched):
             _expect_stage(smem.ready.index(k_step), descs, half, features.FUSED, features.HALF_LOADS)
             _load_weights(descs, smem, k_step, group * problem.N + col_tile * tiling.BLOCK_N,
@@ -140,11 +142,10 @@ def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps,
 
 
 @gluon.jit
-def _tail_share(descs, smem, problem, first, stride, k_steps):
+def _tail_share(descs, smem, problem, features, first, stride, k_steps):
     """Zeroes the zero buffer; returns this program's tail chunks (``pid``, ``pid + num_progs``,
     ...) and the ring stages to spread them over (an estimate under ``HANDOFF``)."""
-    pid = gl.program_id(0)
-    num_progs = gl.num_programs(0)
+    pid, num_progs = programs(problem, features)
     ZERO_ROWS: gl.constexpr = descs.zero.block_type.shape[0]
     ZERO_N: gl.constexpr = descs.zero.block_type.shape[1]
     zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // ZERO_N, ZERO_N // 8], [1, 1], [1, 0])
@@ -174,9 +175,9 @@ def _end_markers(smem, tiling, ring_pos, k_steps):
 def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     """The producer partition: this program's items' loads, then the rest of its tail chunks.
     With ``SPLIT_RING``, producer ``LANE`` loads the items of consumer ``LANE`` (every other item
-    of the program) into its own ring, and producer 0 alone zeroes the tail."""
-    pid = gl.program_id(0)
-    num_progs = gl.num_programs(0)
+    of the program, :func:`.schedule.ring_item`) into its own ring, skipping idle tiles
+    (``SKIP_IDLE_TILES``), and producer 0 alone zeroes the tail."""
+    pid, num_progs = programs(problem, features)
     if tiling.SPLIT_RING:  # every other item of the program, from the LANE-th
         first = pid + LANE * num_progs
         stride = 2 * num_progs
@@ -201,7 +202,7 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     zero_done = 0
     stages_mine = 0
     if PRODUCER_TAIL:
-        zero_mine, stages_mine = _tail_share(descs, smem, problem, first, stride, k_steps)
+        zero_mine, stages_mine = _tail_share(descs, smem, problem, features, first, stride, k_steps)
     ring_pos = 0
     if features.HANDOFF:
         grid_waited = 0
@@ -218,6 +219,24 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
                                              prefetched, k_steps, zero_done, zero_mine, stages_mine)
             item = next_item(problem.handoff_ptr)
         _end_markers(smem, tiling, ring_pos, k_steps)
+    elif tiling.SPLIT_RING:
+        j = 0
+        item = pid + ring_item(0, problem.spread, LANE) * num_progs
+        while item < problem.real_items:
+            group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
+                problem, tiling, features, item, group, tiles_before, tiles_through, start, end, 1)
+            skip = False
+            if features.SKIP_IDLE_TILES:
+                skip = idle_tile(features, problem, row_lo, end, BLOCK_M, 1)
+            if skip:
+                pass  # no loads: the consumer stores the tile's zeros without the ring
+            else:
+                half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, BLOCK_M, 1)
+                ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
+                                                 group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,
+                                                 prefetched, k_steps, zero_done, zero_mine, stages_mine)
+            j += 1
+            item = pid + ring_item(j, problem.spread, LANE) * num_progs
     else:
         for item in range(first, problem.real_items, stride):
             group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(

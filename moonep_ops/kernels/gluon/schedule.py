@@ -19,6 +19,12 @@ the lower half and stores zeros above. The consumers and, for its half loads, th
 table turns it on only where it measures faster: a tile that finishes early breaks the step of
 the programs that share its weight tiles. A segment's only row tile shares its weight tiles with
 no other, so elsewhere the skip covers those tiles alone (``SKIP_LONE_ONLY``).
+
+Idle tiles (``SKIP_IDLE_TILES``, split rings): where the live segments are two row tiles each (the
+entry's scan counts them: decode with MoonEP's padding), a segment's last tile whose rows are all
+idle is neither loaded nor multiplied, and its rows are stored as zeros; producer and consumer ask
+:func:`idle_tile`. The items then spread over one program fewer (:func:`programs`,
+:func:`ring_item`), so that the skipped tiles do not all fall to the same programs.
 """
 
 from triton.experimental import gluon
@@ -100,14 +106,12 @@ def row_tile(item, col_tiles, tiles_before, tiles_through, GROUP_MAJOR: gl.const
 
 
 @gluon.jit
-def upper_half_idle(row_weights_ptr, row_lo, end, NUM_ROWS, BLOCK_M: gl.constexpr, BY_WEIGHT: gl.constexpr,
-                    WARPS: gl.constexpr):
-    """Whether every row of the tile's upper half ``[row_lo + BLOCK_M/2, row_lo + BLOCK_M)`` lies
-    past its segment's end or (``BY_WEIGHT``) has weight 0: MoonEP's padding rows, whose output is
-    zero. A NaN weight is not 0: such a row is computed."""
-    HALF: gl.constexpr = BLOCK_M // 2
+def rows_idle(row_weights_ptr, lo, end, NUM_ROWS, ROWS: gl.constexpr, BY_WEIGHT: gl.constexpr, WARPS: gl.constexpr):
+    """Whether every row of ``[lo, lo + ROWS)`` lies past its segment's end or (``BY_WEIGHT``) has
+    weight 0: MoonEP's padding rows, whose output is zero. A NaN weight is not 0: such a row is
+    computed."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-    rows = row_lo + HALF + gl.arange(0, HALF, layout=layout)
+    rows = lo + gl.arange(0, ROWS, layout=layout)
     live = (rows >= 0) & (rows < gl.minimum(end, NUM_ROWS))
     if BY_WEIGHT:
         live = live & (gl.load(row_weights_ptr + rows, mask=live, other=0.0) != 0.0)
@@ -125,6 +129,42 @@ def idle_half(ON: gl.constexpr, features, problem, row_lo, start, end, BLOCK_M: 
         if features.SKIP_LONE_ONLY:
             candidate = candidate & (row_lo == start)
         if candidate:
-            idle = upper_half_idle(problem.row_weights_ptr, row_lo, end, problem.NUM_ROWS, BLOCK_M,
-                                   features.SKIP_BY_WEIGHT, WARPS)
+            idle = rows_idle(problem.row_weights_ptr, row_lo + BLOCK_M // 2, end, problem.NUM_ROWS, BLOCK_M // 2,
+                             features.SKIP_BY_WEIGHT, WARPS)
     return idle
+
+
+@gluon.jit
+def idle_tile(features, problem, row_lo, end, BLOCK_M: gl.constexpr, WARPS: gl.constexpr):
+    """Whether the item's tile is skipped (``SKIP_IDLE_TILES``, where the kernel chose to spread
+    the items): it is its segment's last and all its rows are idle."""
+    idle = False
+    if features.SKIP_IDLE_TILES:
+        if (row_lo + BLOCK_M >= end) & (problem.spread != 0):
+            idle = rows_idle(problem.row_weights_ptr, row_lo, end, problem.NUM_ROWS, BLOCK_M, features.SKIP_BY_WEIGHT,
+                             WARPS)
+    return idle
+
+
+@gluon.jit
+def programs(problem, features):
+    """This program's id and the number of programs that take items: with ``spread``, one fewer
+    than the grid, and the last program gets an id past every item."""
+    pid = gl.program_id(0)
+    num_progs = gl.num_programs(0)
+    if features.SKIP_IDLE_TILES:
+        num_progs -= problem.spread
+        pid = gl.where(pid < num_progs, pid, 1 << 30)
+    return pid, num_progs
+
+
+@gluon.jit
+def ring_item(j, spread, RING: gl.constexpr):
+    """With split rings, the program's local item (``pid + i * num_progs`` is its id) that ring
+    ``RING`` takes ``j``-th: every other one (0, 2, 4, ... and 1, 3, 5, ...), or with ``spread``
+    (1) alternate pairs (0, 3, 4, 7, ... and 1, 2, 5, 6, ...). Group-major items of two-tile
+    segments alternate between upper and lower tiles; on an even grid every item of a program
+    would be an upper tile or every one a lower tile (so a skipped idle upper tile would leave
+    half the programs without work), on an odd grid the items of a program alternate, and with
+    the pairs those of each ring too."""
+    return 2 * j + (RING ^ (j & spread))
