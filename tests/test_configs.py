@@ -158,3 +158,27 @@ def test_idle_half_switches_reach_the_kernel(skip, lone):
     cfg = configs.GluonConfig(skip_idle_half=skip, skip_lone_tiles_only=lone)
     args = host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None))
     assert (args["SKIP_IDLE_HALF"], args["SKIP_LONE_ONLY"], args["HALF_LOADS"]) == (skip, lone, skip)
+
+
+def test_skip_idle_tiles_reaches_the_kernel_of_fp8_gemms_only():
+    """The FP8 configs' ``skip_idle_tiles`` is the kernel's ``SKIP_IDLE_TILES``; the bf16 GEMMs
+    (128-row tiles, which skip idle upper halves instead) refuse it (CPU tensors: the arguments are
+    built, nothing launches)."""
+    import torch
+
+    from moonep_ops.kernels.cuda import paths
+
+    host = paths.gluon_host()
+    if host is None:
+        pytest.skip("this Triton has no usable Gluon")
+    cu = torch.tensor([100, 256], dtype=torch.int32)
+    a, w = torch.empty(256, 128, dtype=torch.float8_e4m3fn), torch.empty(2, 128, 128, dtype=torch.float8_e4m3fn)
+    out = torch.empty(256, 128, dtype=torch.bfloat16)
+    cfg = configs.gluon_fp8_config(128, 128, 256, fused=False)
+    scales = host.Fp8Scales(torch.ones(256, 1), torch.ones(2, 1, 1), torch.ones(2, 1, 1))
+    args = host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None), scales=scales)
+    assert (args["SKIP_IDLE_TILES"], args["SPLIT_RING"], args["FP8"]) == (True, True, True)
+    a, w = a.to(torch.bfloat16), w.to(torch.bfloat16)
+    with pytest.raises(ValueError) as err:
+        host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None))
+    assert str(err.value) == "skip_idle_tiles: the FP8 GEMMs' 64-row tiles only, without the row-tile handoff"

@@ -37,10 +37,10 @@ class GluonConfig:
     # ping-pong: each consumer has its own producer warp and half of the ring, so that the two
     # main loops run at once instead of taking turns
     split_ring: bool = False
-    # split rings: where the live segments hold at most two row tiles on average (decode), a
-    # segment's last row tile whose rows are all idle (past the end, or weight 0) is neither
-    # loaded nor multiplied (its rows are stored as zeros), and the items spread over an odd
-    # number of programs (schedule.ring_item)
+    # the FP8 GEMMs (64-row tiles, split rings): where the live segments are two row tiles each
+    # (decode), a segment's last row tile whose rows are all idle (past the end, or weight 0) is
+    # neither loaded nor multiplied (its rows are stored as zeros), and the items spread over an
+    # odd number of programs (schedule.ring_item)
     skip_idle_tiles: bool = False
 
     def __post_init__(self):

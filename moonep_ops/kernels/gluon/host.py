@@ -131,8 +131,8 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
         raise ValueError("the row-tile handoff is between a PDL primary and its dependent")
     if tail_out is not None and zero_tail:
         raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
-    if handoff is not None and cfg.skip_idle_tiles:
-        raise ValueError("the row-tile handoff loads every item: no skip_idle_tiles")
+    if cfg.skip_idle_tiles and (handoff is not None or scales is None):
+        raise ValueError("skip_idle_tiles: the FP8 GEMMs' 64-row tiles only, without the row-tile handoff")
     scale_names = ("a_scale_ptr", "w_scale_ptr", "w_up_scale_ptr", "out_scale_ptr", "stride_asm", "stride_wsg",
                    "stride_wsn", "stride_usg", "stride_usn", "stride_osm")
     return dict(zip(scale_names, _scale_args(a, scales)),
