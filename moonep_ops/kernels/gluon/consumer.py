@@ -19,7 +19,9 @@ is read back in a coalesced layout and stored with a row mask (faster than store
 the wgmma register layout). A split epilogue (``out_desc``'s block half the tile's columns) sends
 the tile in two column halves through a half-size buffer, which leaves shared memory for another
 stage of the ring. An idle upper half (:mod:`.schedule`) runs the MMAs on the lower 64 rows, the
-warpgroups splitting the columns instead, and stores zeros above.
+warpgroups splitting the columns instead, and stores zeros above. An idle tile (``SKIP_IDLE_TILES``,
+the FP8 GEMMs) takes no ring stages: its zeros are stored straight from registers, and each
+consumer counts the items loaded into its ring to find its next item's first stage.
 
 The row-tile handoff's writer side (``SIGNAL_ROWS``): a consumer signals the row tile of its
 previous item before its next item's stores, so that no store is waited for early. With
