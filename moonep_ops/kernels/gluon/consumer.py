@@ -284,7 +284,8 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
         zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
         zeros = gl.zeros([BLOCK_M, BLOCK_N], descs.out.dtype, zero_layout)
         first = (pid - problem.real_items % num_progs + num_progs) % num_progs
-        first = gl.where(pid < num_progs, first, problem.tail_items)  # a program that takes no items
+        if features.SKIP_IDLE_TILES:
+            first = gl.where(pid < num_progs, first, problem.tail_items)  # a program that takes no items
         for j in range(first + PARITY * num_progs, problem.tail_items, CONSUMERS * num_progs):
             rows = problem.live_end + (j // problem.col_tiles) * BLOCK_M + gl.arange(
                 0, BLOCK_M, layout=gl.SliceLayout(1, zero_layout))

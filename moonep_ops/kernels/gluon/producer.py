@@ -172,6 +172,28 @@ def _end_markers(smem, tiling, ring_pos, k_steps):
 
 
 @gluon.jit
+def _load_static_item(descs, smem, problem, tiling, features, item, group, tiles_before, tiles_through, start, end,
+                      ring_pos, prefetched, k_steps, zero_done, zero_mine, stages_mine):
+    """Item ``item`` of the static schedule: move the segment cursor to it and issue its loads, or
+    none for an idle tile (``SKIP_IDLE_TILES``: the consumer stores its zeros without the ring).
+    Returns the cursor, the ring position and the tail chunks done."""
+    BLOCK_M: gl.constexpr = tiling.BLOCK_M
+    group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
+        problem, tiling, features, item, group, tiles_before, tiles_through, start, end, 1)
+    skip = False
+    if features.SKIP_IDLE_TILES:
+        skip = idle_tile(features, problem, row_lo, end, BLOCK_M, 1)
+    if skip:
+        pass
+    else:
+        half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, BLOCK_M, 1)
+        ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
+                                         group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos, prefetched,
+                                         k_steps, zero_done, zero_mine, stages_mine)
+    return group, tiles_before, tiles_through, start, end, ring_pos, zero_done
+
+
+@gluon.jit
 def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     """The producer partition: this program's items' loads, then the rest of its tail chunks.
     With ``SPLIT_RING``, producer ``LANE`` loads the items of consumer ``LANE`` (every other item
@@ -223,28 +245,16 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
         j = 0
         item = pid + ring_item(0, problem.spread, LANE) * num_progs
         while item < problem.real_items:
-            group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-                problem, tiling, features, item, group, tiles_before, tiles_through, start, end, 1)
-            skip = False
-            if features.SKIP_IDLE_TILES:
-                skip = idle_tile(features, problem, row_lo, end, BLOCK_M, 1)
-            if skip:
-                pass  # no loads: the consumer stores the tile's zeros without the ring
-            else:
-                half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, BLOCK_M, 1)
-                ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
-                                                 group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,
-                                                 prefetched, k_steps, zero_done, zero_mine, stages_mine)
+            group, tiles_before, tiles_through, start, end, ring_pos, zero_done = _load_static_item(
+                descs, smem, problem, tiling, features, item, group, tiles_before, tiles_through, start, end, ring_pos,
+                prefetched, k_steps, zero_done, zero_mine, stages_mine)
             j += 1
             item = pid + ring_item(j, problem.spread, LANE) * num_progs
     else:
         for item in range(first, problem.real_items, stride):
-            group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-                problem, tiling, features, item, group, tiles_before, tiles_through, start, end, 1)
-            half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, BLOCK_M, 1)
-            ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
-                                             group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,
-                                             prefetched, k_steps, zero_done, zero_mine, stages_mine)
+            group, tiles_before, tiles_through, start, end, ring_pos, zero_done = _load_static_item(
+                descs, smem, problem, tiling, features, item, group, tiles_before, tiles_through, start, end, ring_pos,
+                prefetched, k_steps, zero_done, zero_mine, stages_mine)
     if PRODUCER_TAIL:
         while zero_done < zero_mine:  # all of it when this program has no real items
             _zero_chunk(descs.zero, smem.zero_buf, pid + zero_done * num_progs, problem.live_end,
