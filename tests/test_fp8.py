@@ -150,6 +150,11 @@ def _nan_like(shape, dtype, device):
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
 
+def _nan_scratch(shape, dtype, device):
+    """A buffer between the CUDA launches handed out full of NaN (e4m3 included)."""
+    return torch.full(shape, float("nan"), device=device).to(dtype)
+
+
 # --- the ops against the reference ----------------------------------------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -219,7 +224,7 @@ def test_experts_fp8_on_moonep_padding(dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_experts_fp8_on_moonep_decode(device):
+def test_experts_fp8_on_moonep_decode(monkeypatch, device):
     """Decode-sized padded segments (idle 64-row tiles skipped on sm90), against the reference,
     with the buffers between the launches handed out full of NaN: a skipped tile whose rows the
     down GEMM read would change the result."""
@@ -230,14 +235,12 @@ def test_experts_fp8_on_moonep_decode(device):
     zero_padding_rows(layout, args[-2])
     out = torch.ops.moonep.experts_fp8(*args)
     _check(out, ref_experts_fp8(*args), layout, torch.bfloat16, device, _experts_tolerance(device))
-    if device == "cuda":
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(cuda_fp8, "_scratch", lambda shape, dtype, device: torch.full(
-                shape, float("nan"), device=device).to(dtype))
-            assert torch.equal(torch.ops.moonep.experts_fp8(*args), out)
     x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
     _check(torch.ops.moonep.grouped_gemm_fp8(x, w_gate, scale, cu), ref_grouped_gemm_fp8(x, w_gate, scale, cu),
            layout, torch.bfloat16, device)
+    if device == "cuda":
+        monkeypatch.setattr(cuda_fp8, "_scratch", _nan_scratch)
+        assert torch.equal(torch.ops.moonep.experts_fp8(*args), out)
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])
@@ -280,8 +283,7 @@ def test_buffers_between_launches_are_written_before_read(monkeypatch, layout, d
         return torch.ops.moonep.experts_fp8(*args), torch.ops.moonep.grouped_gemm_fp8(x, w_gate, scale, cu)
 
     plain = both()
-    monkeypatch.setattr(cuda_fp8, "_scratch", lambda shape, dtype, device: torch.full(
-        shape, float("nan"), device=device).to(dtype))
+    monkeypatch.setattr(cuda_fp8, "_scratch", _nan_scratch)
     for out, ref in zip(both(), plain):
         assert torch.equal(out, ref)  # (NaN never equals NaN)
 
