@@ -276,6 +276,34 @@ HANDOFF_CANDIDATES = [
 ]
 
 
+# FP8 Gluon configs the GPU tests force (tests/test_fp8.py) beyond the table's picks for PROBLEMS:
+# 128-row items split between the consumers, with the idle-upper-half skip of lone tiles (the
+# table's pick for large experts under 32768 rows) and with the tail zeroed by the consumers.
+GLUON_FP8_CANDIDATES = [
+    (True, dict(stages=4, split_rows=True, skip_idle_half=True, skip_lone_tiles_only=True)),
+    (False, dict(stages=6, split_rows=True, skip_idle_half=True, skip_lone_tiles_only=True)),
+    (False, dict(stages=6, split_rows=True, tail_by_producer=False)),
+]
+
+
+def run_gluon_fp8_candidates() -> None:
+    from moonep_ops.fp8 import num_blocks, scale_shape
+    from moonep_ops.kernels.gluon import host as gluon_host
+
+    rows, k, n, g = 4096, 2048, 768, 8
+    cu = torch.linspace(rows // (2 * g), rows // 2, g).to(torch.int32)
+    a, a_scale = _empty(rows, k, dtype=torch.float8_e4m3fn), _empty(rows, num_blocks(k), dtype=torch.float32)
+    w, w_scale = _empty(g, n, k, dtype=torch.float8_e4m3fn), _empty(*scale_shape((g, n, k)), dtype=torch.float32)
+    for fused, cfg in GLUON_FP8_CANDIDATES:
+        out = _empty(rows, n, dtype=torch.float8_e4m3fn if fused else torch.bfloat16)
+        out_scale = _empty(rows, num_blocks(n), dtype=torch.float32) if fused else None
+        gluon_host.launch(a, w, cu, out, 4, w_up=w if fused else None,
+                          route_weights=torch.empty(rows, dtype=torch.float32) if fused else None,
+                          idle_weights=None if fused else torch.empty(rows, dtype=torch.float32), zero_tail=not fused,
+                          scales=gluon_host.Fp8Scales(a_scale, w_scale, w_scale, out_scale), block_m=128,
+                          block_k=128, **cfg)
+
+
 def run_gluon_candidates(dtype) -> None:
     from moonep_ops.kernels.gluon import host as gluon_host
     from moonep_ops.kernels.pdl import PdlRole
@@ -315,6 +343,7 @@ def check_target(arch: int, dtypes, portable: bool, problems=PROBLEMS) -> list:
             for dtype in dtypes:
                 if dtype != torch.float32:
                     run_gluon_candidates(dtype)
+            run_gluon_fp8_candidates()
     records = list(compiler.variants.values())
     for r in records:
         r["portable"] = portable

@@ -117,18 +117,43 @@ def test_split_ring_needs_pingpong_even_stages_and_no_handoff(fields):
 
 def test_fp8_configs():
     """The FP8 GEMMs: 128-deep K blocks (the scale block), 128 columns (one weight-scale block; the
-    fused GEMM's act scale group), ping-pong 64-row tiles whose consumers each have a producer and
-    half of the ring: two stages each for the fused GEMM, four for the plain one; idle tiles skipped
-    where the kernel finds two-tile segments."""
+    fused GEMM's act scale group), two ping-pong consumers. Under 64 rows per group (decode) or with
+    small experts: 64-row items on split rings, two stages each for the fused GEMM, four for the
+    plain one, idle tiles skipped where the kernel finds two-tile segments. Elsewhere both consumers
+    on each 128-row item (split rows), four stages for the fused GEMM and six for the plain one,
+    idle upper halves of lone tiles skipped except in buffers of 32768 rows and more."""
     pick = configs.gluon_fp8_config
-    for nvs, groups in ((13312, 104), (8192, 48), (45056, 104), (512, 128), (1500, 104)):
-        fused = pick(2048, 7168, nvs, fused=True, groups=groups)
-        assert fused == configs.GluonConfig(block_m=64, block_n=128, block_k=128, stages=4, pingpong=True,
-                                            split_ring=True, tail_by_producer=True, skip_idle_tiles=True)
-        plain = pick(7168, 2048, nvs, fused=False, groups=groups)
-        assert plain == configs.GluonConfig(block_m=64, block_n=128, block_k=128, stages=8, pingpong=True,
-                                            split_ring=True, tail_by_producer=True, skip_idle_tiles=True)
+    ring = dict(block_m=64, block_n=128, block_k=128, pingpong=True, split_ring=True, tail_by_producer=True,
+                skip_idle_tiles=True)
+    for nvs, groups, n, k in ((13312, 388, 2048, 7168), (20480, 388, 2048, 7168), (1024, 388, 2048, 7168),
+                              (1500, 104, 2048, 7168), (512, 128, 768, 2048), (48896, 128, 768, 2048)):
+        assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, **ring)
+        plain = dict(ring, tail_by_producer=n >= 2048)  # (the down GEMM's reduction is I)
+        assert pick(k, n, nvs, fused=False, groups=groups) == configs.GluonConfig(stages=8, **plain)
+    rows = dict(block_m=128, block_n=128, block_k=128, pingpong=True, split_rows=True, tail_by_producer=True,
+                skip_lone_tiles_only=True)
+    for nvs, groups, n, k, skip in ((45056, 388, 2048, 7168, False), (32768, 388, 2048, 7168, False),
+                                    (24832, 388, 2048, 7168, True), (6144, 20, 8192, 5120, True),
+                                    (2048, 20, 8192, 5120, True), (45056, 0, 2048, 7168, False)):
+        assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, skip_idle_half=skip,
+                                                                                 **rows)
+        plain = dict(rows, tail_by_producer=n >= 2048)  # (the down GEMM's reduction is I)
+        assert pick(k, n, nvs, fused=False, groups=groups) == configs.GluonConfig(stages=6, skip_idle_half=skip,
+                                                                                  **plain)
     assert not pick(2048, 768, 48896, fused=False, groups=128).tail_by_producer  # qwen3 down: K = 768
+
+
+@pytest.mark.parametrize("fields", [dict(pingpong=False), dict(split_ring=True, stages=4), dict(block_m=64),
+                                    dict(handoff=True), dict(split_ring=True, stages=4, skip_idle_tiles=True)],
+                         ids=["cooperative", "split_ring", "64_rows", "handoff", "idle_tiles"])
+def test_split_rows_needs_pingpong_on_one_ring_and_128_rows(fields):
+    """Both consumers take each item's halves of one ring's stages: ping-pong consumers, one ring,
+    128-row tiles, no handoff (its consumers take turns) and no idle-tile skip (64-row tiles)."""
+    assert configs.GluonConfig(stages=4, split_rows=True).consumers == 2
+    with pytest.raises(ValueError) as err:
+        configs.GluonConfig(split_rows=True, **fields)
+    assert str(err.value).startswith("GluonConfig: split_rows needs ping-pong on one ring, 128-row tiles, no "
+                                     "handoff and no skip_idle_tiles, got ")
 
 
 @pytest.mark.parametrize("fields", [dict(stages=4), dict(stages=4, split_ring=True, skip_idle_half=True)],
@@ -174,7 +199,7 @@ def test_skip_idle_tiles_reaches_the_kernel_of_fp8_gemms_only():
     cu = torch.tensor([100, 256], dtype=torch.int32)
     a, w = torch.empty(256, 128, dtype=torch.float8_e4m3fn), torch.empty(2, 128, 128, dtype=torch.float8_e4m3fn)
     out = torch.empty(256, 128, dtype=torch.bfloat16)
-    cfg = configs.gluon_fp8_config(128, 128, 256, fused=False)
+    cfg = configs.gluon_fp8_config(128, 128, 64, fused=False, groups=2)  # under 64 rows per group
     scales = host.Fp8Scales(torch.ones(256, 1), torch.ones(2, 1, 1), torch.ones(2, 1, 1))
     args = host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None), scales=scales)
     assert (args["SKIP_IDLE_TILES"], args["SPLIT_RING"], args["FP8"]) == (True, True, True)
@@ -182,3 +207,28 @@ def test_skip_idle_tiles_reaches_the_kernel_of_fp8_gemms_only():
     with pytest.raises(ValueError) as err:
         host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None))
     assert str(err.value) == "skip_idle_tiles: the FP8 GEMMs' 64-row tiles only, without the row-tile handoff"
+
+
+def test_split_rows_reaches_the_kernel_of_fp8_gemms_only():
+    """``split_rows`` is the kernel's ``SPLIT_ROWS``, each consumer storing 64-row halves (the
+    output descriptor's box); the bf16 GEMMs refuse it (CPU tensors: nothing launches)."""
+    import torch
+
+    from moonep_ops.kernels.cuda import paths
+
+    host = paths.gluon_host()
+    if host is None:
+        pytest.skip("this Triton has no usable Gluon")
+    cu = torch.tensor([100, 256], dtype=torch.int32)
+    a, w = torch.empty(256, 128, dtype=torch.float8_e4m3fn), torch.empty(2, 128, 128, dtype=torch.float8_e4m3fn)
+    out = torch.empty(256, 128, dtype=torch.bfloat16)
+    cfg = configs.GluonConfig(block_m=128, block_n=128, block_k=128, stages=6, split_rows=True)
+    scales = host.Fp8Scales(torch.ones(256, 1), torch.ones(2, 1, 1), torch.ones(2, 1, 1))
+    descs = host.descriptors(a, w, w, out, cfg, None)
+    assert descs[3].block_shape == [64, 128]
+    args = host.kernel_args(a, w, None, None, cu, out, cfg, descs, scales=scales)
+    assert (args["SPLIT_ROWS"], args["SPLIT_RING"], args["PINGPONG"], args["BLOCK_M"]) == (True, False, True, 128)
+    a, w = a.to(torch.bfloat16), w.to(torch.bfloat16)
+    with pytest.raises(ValueError) as err:
+        host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None))
+    assert str(err.value) == "split_rows: the FP8 GEMMs only"

@@ -96,12 +96,12 @@ LAYOUT_IDS = [layout.name for layout in LAYOUTS]
 MOONEP_PADDING = Layout("moonep_padding", (128, 0, 128, 256, 128), 677, k=256, n=144, padded_to=128,
                         real_rows=(100, 0, 3, 130, 64))
 # Decode as MoonEP lays it out: every live segment one padded 128-row block (two 64-row tiles, the
-# upper one often all padding), empty segments between them, enough items for a full grid. On an
-# sm90 GPU with an even SM count the Gluon kernels skip the idle tiles and spread the items over
-# one program fewer (GluonConfig.skip_idle_tiles).
-_DECODE_REAL = tuple(0 if g % 7 == 3 else (g * 37) % 127 + 1 for g in range(80))
-MOONEP_DECODE = Layout("moonep_decode", tuple(128 if r else 0 for r in _DECODE_REAL), 128 * 70 + 33, k=256, n=384,
-                       padded_to=128, real_rows=_DECODE_REAL)
+# upper one often all padding), empty segments between them (other ranks' experts: under 64 rows
+# per group), enough items for a full grid. On an sm90 GPU with an even SM count the Gluon kernels
+# skip the idle tiles and spread the items over one program fewer (GluonConfig.skip_idle_tiles).
+_DECODE_REAL = tuple(0 if g % 7 == 3 or g % 2 else (g * 37) % 127 + 1 for g in range(160))
+MOONEP_DECODE = Layout("moonep_decode", tuple(128 if r else 0 for r in _DECODE_REAL),
+                       128 * sum(map(bool, _DECODE_REAL)) + 33, k=256, n=384, padded_to=128, real_rows=_DECODE_REAL)
 
 
 def _gemm_args(layout, dtype, device):
@@ -241,6 +241,52 @@ def test_experts_fp8_on_moonep_decode(monkeypatch, device):
     if device == "cuda":
         monkeypatch.setattr(cuda_fp8, "_scratch", _nan_scratch)
         assert torch.equal(torch.ops.moonep.experts_fp8(*args), out)
+
+
+# The Gluon FP8 configs (sm90), each forced on every layout whatever the table picks for it:
+# 64-row items on split rings (with the idle-tile skip), 128-row items split between the consumers
+# (with and without the idle-upper-half skip of lone tiles).
+GLUON_FP8_CONFIGS = {
+    "split_ring": dict(block_m=64, stages=(4, 8), split_ring=True, skip_idle_tiles=True),
+    "split_rows_idle_halves": dict(block_m=128, stages=(4, 6), split_rows=True, skip_idle_half=True,
+                                   skip_lone_tiles_only=True),
+    "split_rows": dict(block_m=128, stages=(4, 6), split_rows=True),
+}
+_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _SM90, reason="the Gluon FP8 kernels need an sm90 GPU")
+@pytest.mark.parametrize("config", GLUON_FP8_CONFIGS, ids=list(GLUON_FP8_CONFIGS))
+@pytest.mark.parametrize("layout", LAYOUTS + [MOONEP_PADDING, MOONEP_DECODE],
+                         ids=LAYOUT_IDS + [MOONEP_PADDING.name, MOONEP_DECODE.name])
+def test_gluon_fp8_configs(monkeypatch, layout, config):
+    """Both FP8 GEMMs of the experts op and the plain one under each config, against the
+    reference, MoonEP's padding rows of route weight 0, the buffers between launches full of NaN."""
+    from moonep_ops import flags
+    from moonep_ops.kernels.cuda import fp8 as cuda_fp8
+    from moonep_ops.kernels.cuda import paths
+    from moonep_ops.kernels.gluon import config as gluon_config, host
+
+    if paths.gluon_host() is None or flags.portable_only() or not flags.gluon():
+        pytest.skip("the Gluon kernels are off or unusable here")
+    fields = dict(block_n=128, block_k=128, pingpong=True, **GLUON_FP8_CONFIGS[config])
+
+    def pick(n, k, num_rows, fused, groups=0):  # (stages: the fused GEMM's, the plain one's)
+        stages = fields["stages"][0 if fused else 1]
+        return gluon_config.GluonConfig(**dict(fields, stages=stages, tail_by_producer=k >= 256))
+
+    monkeypatch.setattr(gluon_config, "gluon_fp8_config", pick)
+    monkeypatch.setattr(host, "_PLANS", {})
+    monkeypatch.setattr(cuda_fp8, "_scratch", _nan_scratch)
+    args = _experts_args(layout, torch.bfloat16, "cuda")
+    if layout.padded_to > 1:
+        zero_padding_rows(layout, args[-2])
+    _check(torch.ops.moonep.experts_fp8(*args), ref_experts_fp8(*args), layout, torch.bfloat16, "cuda",
+           CUDA_EXPERTS_TOLERANCE)
+    x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
+    _check(torch.ops.moonep.grouped_gemm_fp8(x, w_gate, scale, cu), ref_grouped_gemm_fp8(x, w_gate, scale, cu),
+           layout, torch.bfloat16, "cuda")
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])

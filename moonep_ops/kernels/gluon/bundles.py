@@ -164,7 +164,8 @@ class Scales:
 class Tiling:
     """Tile shape, ring depth (of a partition's ring: half the stages with ``SPLIT_RING``),
     consumers (2: ping-pong, 1: cooperative), ``SPLIT_RING`` (each ping-pong consumer has its own
-    producer and ring) and item order."""
+    producer and ring), ``SPLIT_ROWS`` (both ping-pong consumers on every item, each on half its
+    rows) and item order."""
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
     BLOCK_K: gl.constexpr
@@ -172,9 +173,10 @@ class Tiling:
     CONSUMERS: gl.constexpr
     GROUP_MAJOR: gl.constexpr
     SPLIT_RING: gl.constexpr
+    SPLIT_ROWS: gl.constexpr
 
     @constexpr_function
-    def __init__(self, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR, SPLIT_RING=False):
+    def __init__(self, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR, SPLIT_RING=False, SPLIT_ROWS=False):
         self.BLOCK_M = _field(BLOCK_M)
         self.BLOCK_N = _field(BLOCK_N)
         self.BLOCK_K = _field(BLOCK_K)
@@ -182,6 +184,7 @@ class Tiling:
         self.CONSUMERS = _field(CONSUMERS)
         self.GROUP_MAJOR = _field(GROUP_MAJOR)
         self.SPLIT_RING = _field(SPLIT_RING)
+        self.SPLIT_ROWS = _field(SPLIT_ROWS)
 
 
 @aggregate

@@ -42,8 +42,17 @@ class GluonConfig:
     # neither loaded nor multiplied (its rows are stored as zeros), and the items spread over an
     # odd number of programs (schedule.ring_item)
     skip_idle_tiles: bool = False
+    # ping-pong consumers on the same items, each on its own 64 rows of the 128-row tile: both
+    # read each stage's weight tiles (half the L2 bytes per FLOP of 64-row items), and each
+    # releases the stage on its own, so neither waits for the other's scaling (the FP8 GEMMs)
+    split_rows: bool = False
 
     def __post_init__(self):
+        if self.split_rows and (not self.pingpong or self.split_ring or self.handoff or self.skip_idle_tiles
+                                or self.block_m != 128):
+            raise ValueError(f"GluonConfig: split_rows needs ping-pong on one ring, 128-row tiles, no handoff and no "
+                             f"skip_idle_tiles, got pingpong={self.pingpong}, split_ring={self.split_ring}, "
+                             f"block_m={self.block_m}, handoff={self.handoff}, skip_idle_tiles={self.skip_idle_tiles}")
         if self.skip_idle_tiles and (not self.split_ring or self.skip_idle_half):
             raise ValueError(f"GluonConfig: skip_idle_tiles needs split rings and no skip_idle_half, got "
                              f"split_ring={self.split_ring}, skip_idle_half={self.skip_idle_half}")
@@ -126,21 +135,39 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig:
                        skip_idle_half=num_rows >= 40960)
 
 
+# Weight elements per group (N x K) from which the FP8 GEMMs split 128-row items between their
+# consumers (kimi-k2: 14.7M, llama4: 42M); smaller experts (qwen3-30b-a3b: 1.6M) keep 64-row items
+# on split rings, which measured 7% faster on its padded decode.
+LARGE_EXPERT = 8 << 20
+
+
 def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0) -> GluonConfig:
-    """The config of the FP8 GEMMs (e4m3 ``a`` and weights with block scales): ping-pong 64 x 128
-    tiles of one 128-deep scale block per stage, each consumer fed by its own producer from its own
-    half of the ring (``split_ring``). A consumer's tensor cores idle while it scales a K block's
-    product, so the two main loops run at once, each scaling under the other's MMAs (taking turns,
-    they left the tensor cores idle then). On the benchmark shapes the gate/up GEMM runs 1.0-1.37x
-    the same tiles taking turns on one ring (the most on kimi-k2 S=1024); the down GEMM matches
-    cooperative 128 x 128 tiles on padded layouts and runs 1.1-1.4x them on unpadded ones. One
-    consumer's epilogue (for the fused GEMM: the activation, its quantization, the stores) still
-    runs under the other's main loop. The fused GEMM's 40 KiB stages: two per ring beside the two
-    8 KiB ``act`` buffers; the plain GEMM's 24 KiB stages: four per ring beside two 16 KiB output
-    buffers. Where the live segments hold two 64-row tiles each (decode: MoonEP pads each segment to
-    128 rows, most of them padding), a segment's idle last tile is skipped and the items spread over
-    an odd grid (``skip_idle_tiles``: padded kimi-k2 decode and qwen3 S=64 about 10% faster; other
-    layouts keep the even grid and every tile). Only ``fused`` and ``k`` matter; the other
-    arguments are :func:`gluon_gemm_config`'s."""
-    return GluonConfig(block_m=64, block_n=128, block_k=128, stages=4 if fused else 8, pingpong=True,
-                       split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True)
+    """The config of the FP8 GEMMs (e4m3 ``a`` and weights with block scales): 128-deep K blocks
+    (one scale block per stage) and 128 columns (one weight-scale block; the fused GEMM's act scale
+    group), on two ping-pong consumers. A consumer's tensor cores idle while it scales a K block's
+    product, so the two consumers' main loops run at once, each scaling under the other's MMAs:
+
+    - ``split_rows`` for large experts (``LARGE_EXPERT`` weight elements per group and more: the
+      long items of kimi-k2, llama4) in buffers of ``TINY_SEGMENT_ROWS`` rows per group or more:
+      both consumers on every 128-row item, each on its own 64 rows, one ring whose weight tiles
+      both read: half the L2 bytes per FLOP of 64-row items. Four 48 KiB stages (gate/up GEMM) or
+      six 32 KiB ones (down GEMM). A segment's only row tile with an idle upper half runs on the
+      lower consumer alone, its producer loading the lower half (``skip_idle_half``,
+      ``skip_lone_tiles_only``), except in buffers of 32768 rows and more (prefill), where the
+      check's registers (spills in the main loop) cost more than the skipped halves save.
+    - ``split_ring`` elsewhere: decode (MoonEP's 128-row padded segments of a few rows each, or
+      unpadded segments of a few rows: under ``TINY_SEGMENT_ROWS`` rows per group) and small
+      experts (qwen3-30b-a3b). 64-row items on each consumer's own half of the ring and producer,
+      one consumer's epilogue under the other's main loop, and a segment's idle last 64-row tile
+      skipped on an odd grid where the live segments hold two such tiles each
+      (``skip_idle_tiles``). On padded decode both consumers then work on live tiles, where split
+      rows would leave the upper consumer idle.
+
+    docs/fp8.md gives the measurements."""
+    if num_rows < TINY_SEGMENT_ROWS * groups or n * k < LARGE_EXPERT:
+        return GluonConfig(block_m=64, block_n=128, block_k=128, stages=4 if fused else 8, pingpong=True,
+                           split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True)
+    long_items = num_rows >= 32768
+    return GluonConfig(block_m=128, block_n=128, block_k=128, stages=4 if fused else 6, pingpong=True,
+                       split_rows=True, tail_by_producer=k >= 2048, skip_idle_half=not long_items,
+                       skip_lone_tiles_only=True)

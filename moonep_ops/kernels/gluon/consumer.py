@@ -6,7 +6,10 @@ tile, 64 rows each (cooperative). In ping-pong the main loops also take turns ex
 (``turn``): a consumer waits for the other one's main loop to end before waiting on its own first
 stage; without that, a consumer could wait on a stage a whole lap of the ring ahead, which a
 parity wait cannot tell from the current lap. With ``SPLIT_RING`` each consumer has its own ring
-and producer (:mod:`.kernel`), so the two main loops run at once and need no turns.
+and producer (:mod:`.kernel`), so the two main loops run at once and need no turns. With
+``SPLIT_ROWS`` (the FP8 GEMMs) both consumers take every item of one ring, each its own 64 rows of
+the 128-row tile, and each releases a stage on its own (``empty`` counts two arrivals): no turns
+either.
 
 The main loop keeps at most one step's MMAs in flight: once a step's MMAs are issued it waits for
 the previous step's and releases their stage (``empty``) to the producer. The fused SwiGLU GEMM
@@ -169,9 +172,15 @@ def _compute_tile(smem, out_buf, descs, problem, scales, tiling, features, pendi
                   k_steps, idle_upper, PARITY: gl.constexpr, WARPS: gl.constexpr):
     """An item's tile from the ring: FP8, on the lower half (``idle_upper``) or whole."""
     BLOCK_M: gl.constexpr = tiling.BLOCK_M
-    if features.FP8:
+    if features.FP8 and tiling.SPLIT_ROWS:
+        # This consumer's half of the rows; the upper consumer skips an idle upper half (its
+        # producer loaded the lower half alone: HALF_LOADS).
+        HALF: gl.constexpr = BLOCK_M // 2
+        tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row_lo + PARITY * HALF, col0, end,
+                 ring_pos, k_steps, idle_upper & (PARITY == 1), PARITY * HALF, HALF, PARITY, WARPS)
+    elif features.FP8:
         tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row_lo, col0, end, ring_pos, k_steps,
-                 PARITY, WARPS)
+                 False, 0, BLOCK_M, PARITY, WARPS)
     elif features.SKIP_IDLE_HALF:
         if idle_upper:
             _tile(smem, out_buf, descs, problem, tiling, features, pending, row_lo, col0, end, ring_pos, k_steps,
@@ -223,8 +232,8 @@ def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, 
 @gluon.jit
 def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ``PARITY`` of ``CONSUMERS`` (``WARPS`` warps: one warpgroup in ping-pong, two in the
-    cooperative scheme): the program's local items ``i = PARITY (mod CONSUMERS)``, the last
-    row-tile signal, its share of the tail's zeros."""
+    cooperative scheme): the program's local items ``i = PARITY (mod CONSUMERS)`` (``SPLIT_ROWS``:
+    every item, on its half of the rows), the last row-tile signal, its share of the tail's zeros."""
     STAGES: gl.constexpr = tiling.STAGES
     CONSUMERS: gl.constexpr = tiling.CONSUMERS
     out_buf = smem.out_bufs.index(PARITY)
@@ -253,6 +262,11 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
                     mbarrier.arrive(smem.empty.index((ring_pos + k_step) % STAGES), count=1)
                 if CONSUMERS == 2:
                     mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
+    elif tiling.SPLIT_ROWS:  # every item of the program, on this consumer's half of the rows
+        n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
+        for i in range(0, n_local):
+            segment, pending, _ = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending,
+                                            segment, pid + i * num_progs, i, i, k_steps, False, PARITY, WARPS)
     elif tiling.SPLIT_RING:  # this ring's items (schedule.ring_item); idle tiles skip the ring
         n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
         slot = 0

@@ -7,8 +7,11 @@ step's MMA in flight while it scales the previous step's product (two partial pr
 registers), so that the scale step runs on the CUDA cores while the tensor cores work. The fused
 GEMM holds two accumulators already, and a fourth ``[64, 128]`` fp32 tile per warpgroup would not
 fit the registers: it runs each MMA (gate, then up) to completion before scaling its product. Both
-leave their tensor cores idle while they scale; the FP8 configs give each ping-pong consumer its
-own ring (``SPLIT_RING``), so that the other consumer's MMAs run then.
+leave their tensor cores idle while they scale; in the FP8 configs the two ping-pong consumers'
+main loops run at once (each on its own ring, ``SPLIT_RING``, or each on its own 64 rows of every
+item of one ring, ``SPLIT_ROWS``), so that the other consumer's MMAs run then. An idle half
+(``SPLIT_ROWS``: the upper 64 rows of a segment's only row tile, all past the end or of route
+weight 0) releases its stages unread and stores the zeros of an empty product.
 
 The epilogue of the plain GEMM rounds to ``out``'s dtype; the fused GEMM's computes
 ``silu(gate) * up * route_weight`` and quantizes it per row over the tile's 128 columns (its one
@@ -45,18 +48,37 @@ def _stage(smem, ring_pos, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _plain_mainloop(smem, a_scales, row_mask, w_scales, ring_pos, k_steps, acc, STAGES: gl.constexpr):
+def _release_stages(smem, ring_pos, k_steps, STAGES: gl.constexpr):
+    """Releases an item's stages unread (each once loaded: a release may not run a lap ahead)."""
+    for k_step in range(k_steps):
+        stage = (ring_pos + k_step) % STAGES
+        mbarrier.wait(smem.ready.index(stage), ((ring_pos + k_step) // STAGES) & 1)
+        mbarrier.arrive(smem.empty.index(stage), count=1)
+
+
+@gluon.jit
+def _a_rows(smem, stage, ROW0: gl.constexpr, ROWS: gl.constexpr):
+    """Rows ``[ROW0, ROW0 + ROWS)`` of stage ``stage``'s ``a`` tile."""
+    a_stage = smem.a_bufs.index(stage)
+    if ROWS != a_stage.shape[0]:
+        a_stage = a_stage.slice(ROW0, ROWS)
+    return a_stage
+
+
+@gluon.jit
+def _plain_mainloop(smem, a_scales, row_mask, w_scales, ring_pos, k_steps, acc, STAGES: gl.constexpr,
+                    ROW0: gl.constexpr):
     """``acc += (a_k @ w_k.T) * a_scale_k * w_scale_k`` over the K blocks, the MMA of block k in
     flight while block k-1's product is scaled."""
     zeros = gl.zeros_like(acc)
     stage = _stage(smem, ring_pos, STAGES)
-    part = warpgroup_mma(smem.a_bufs.index(stage), smem.w_bufs.index(stage).permute((1, 0)), zeros, use_acc=False,
-                         is_async=True)
+    part = warpgroup_mma(_a_rows(smem, stage, ROW0, acc.shape[0]), smem.w_bufs.index(stage).permute((1, 0)), zeros,
+                         use_acc=False, is_async=True)
     scale = gl.load(a_scales, mask=row_mask, other=0.0) * gl.load(w_scales)
     for k_step in range(1, k_steps):
         stage = _stage(smem, ring_pos + k_step, STAGES)
-        nxt = warpgroup_mma(smem.a_bufs.index(stage), smem.w_bufs.index(stage).permute((1, 0)), zeros,
-                            use_acc=False, is_async=True)
+        nxt = warpgroup_mma(_a_rows(smem, stage, ROW0, acc.shape[0]), smem.w_bufs.index(stage).permute((1, 0)),
+                            zeros, use_acc=False, is_async=True)
         next_scale = gl.load(a_scales + k_step, mask=row_mask, other=0.0) * gl.load(w_scales + k_step)
         part = warpgroup_mma_wait(1, deps=(part, ))
         mbarrier.arrive(smem.empty.index((ring_pos + k_step - 1) % STAGES), count=1)
@@ -70,13 +92,13 @@ def _plain_mainloop(smem, a_scales, row_mask, w_scales, ring_pos, k_steps, acc, 
 
 @gluon.jit
 def _fused_mainloop(smem, a_scales, row_mask, w_scales, u_scales, ring_pos, k_steps, acc, acc_up,
-                    STAGES: gl.constexpr):
+                    STAGES: gl.constexpr, ROW0: gl.constexpr):
     """Gate and up accumulators over the K blocks: per block the gate MMA and its scaling, then
     the up MMA and its scaling (one partial product in registers)."""
     part = gl.zeros_like(acc)
     for k_step in range(k_steps):
         stage = _stage(smem, ring_pos + k_step, STAGES)
-        a_stage = smem.a_bufs.index(stage)
+        a_stage = _a_rows(smem, stage, ROW0, acc.shape[0])
         part = warpgroup_mma(a_stage, smem.w_bufs.index(stage).permute((1, 0)), part, use_acc=False, is_async=True)
         a_scale = gl.load(a_scales + k_step, mask=row_mask, other=0.0)
         gate_scale = a_scale * gl.load(w_scales + k_step)
@@ -118,9 +140,11 @@ def _tile_rows(problem, scales, row_lo, end, acc_layout: gl.constexpr, BLOCK_M: 
 
 @gluon.jit
 def tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row_lo, col0, end, ring_pos, k_steps,
-             PARITY: gl.constexpr, WARPS: gl.constexpr):
-    """One FP8 item: the scaled main loop over the ring from ``ring_pos``, the epilogue, the store."""
-    BLOCK_M: gl.constexpr = tiling.BLOCK_M
+             idle, ROW0: gl.constexpr, BLOCK_M: gl.constexpr, PARITY: gl.constexpr, WARPS: gl.constexpr):
+    """One FP8 item: the scaled main loop over the ring from ``ring_pos``, the epilogue, the store,
+    on the ``BLOCK_M`` rows from ``row_lo`` (rows ``ROW0`` on of each stage's ``a`` tile). ``idle``:
+    every row is idle (past the end or of weight 0), so the stages are released unread and the
+    epilogue stores the zeros of an empty product."""
     BLOCK_N: gl.constexpr = tiling.BLOCK_N
     STAGES: gl.constexpr = tiling.STAGES
     gl.static_assert(tiling.BLOCK_K == 128, "an FP8 ring stage is one 128-deep scale block")
@@ -133,14 +157,22 @@ def tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     if features.FUSED:
         u_block = group.to(gl.int64) * scales.stride_ug + (col0 // 128) * scales.stride_un
-        acc, acc_up = _fused_mainloop(smem, a_scales, row_mask, scales.w_ptr + w_block, scales.w_up_ptr + u_block,
-                                      ring_pos, k_steps, acc, acc, STAGES)
-        if tiling.CONSUMERS == 2 and not tiling.SPLIT_RING:
+        acc_up = acc
+        if idle:
+            _release_stages(smem, ring_pos, k_steps, STAGES)
+        else:
+            acc, acc_up = _fused_mainloop(smem, a_scales, row_mask, scales.w_ptr + w_block,
+                                          scales.w_up_ptr + u_block, ring_pos, k_steps, acc, acc, STAGES, ROW0)
+        if tiling.CONSUMERS == 2 and not (tiling.SPLIT_RING or tiling.SPLIT_ROWS):
             mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
         _fused_epilogue(acc, acc_up, out_buf, problem, scales, features, rows, row_mask, col0, acc_layout, BLOCK_N)
     else:
-        acc = _plain_mainloop(smem, a_scales, row_mask, scales.w_ptr + w_block, ring_pos, k_steps, acc, STAGES)
-        if tiling.CONSUMERS == 2 and not tiling.SPLIT_RING:
+        if idle:
+            _release_stages(smem, ring_pos, k_steps, STAGES)
+        else:
+            acc = _plain_mainloop(smem, a_scales, row_mask, scales.w_ptr + w_block, ring_pos, k_steps, acc, STAGES,
+                                  ROW0)
+        if tiling.CONSUMERS == 2 and not (tiling.SPLIT_RING or tiling.SPLIT_ROWS):
             mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
         tma.store_wait(0)  # the previous store has read out_buf
         out_buf.store(acc.to(descs.out.dtype))

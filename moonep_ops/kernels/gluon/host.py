@@ -74,12 +74,13 @@ def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
     epi_n = cfg.epilogue_n or cfg.block_n
     a_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], _GL_DTYPES[a.dtype])
     w_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], _GL_DTYPES[w.dtype])
-    o_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, epi_n], _GL_DTYPES[out.dtype])
+    epi_m = cfg.block_m // 2 if cfg.split_rows else cfg.block_m  # (each consumer stores its half)
+    o_layout = gl.NVMMASharedLayout.get_default_for([epi_m, epi_n], _GL_DTYPES[out.dtype])
     z_layout = gl.NVMMASharedLayout.get_default_for([ZERO_ROWS, epi_n], _GL_DTYPES[zeroed.dtype])
     return (TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k], a_layout),
             TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k], w_layout),
             TensorDescriptor(w_up, [g * n, k], [w_up.stride(1), 1], [cfg.block_n, cfg.block_k], w_layout),
-            TensorDescriptor(out, list(out.shape), list(out.stride()), [cfg.block_m, epi_n], o_layout),
+            TensorDescriptor(out, list(out.shape), list(out.stride()), [epi_m, epi_n], o_layout),
             TensorDescriptor(zeroed, list(zeroed.shape), list(zeroed.stride()), [ZERO_ROWS, epi_n], z_layout),
             TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m // 2, cfg.block_k], a_layout)
             if half_loads(cfg) else None)
@@ -133,6 +134,8 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
         raise ValueError("zero_tail and tail_out: the kernel zeroes one tail")
     if cfg.skip_idle_tiles and (handoff is not None or scales is None):
         raise ValueError("skip_idle_tiles: the FP8 GEMMs' 64-row tiles only, without the row-tile handoff")
+    if cfg.split_rows and scales is None:
+        raise ValueError("split_rows: the FP8 GEMMs only")
     scale_names = ("a_scale_ptr", "w_scale_ptr", "w_up_scale_ptr", "out_scale_ptr", "stride_asm", "stride_wsg",
                    "stride_wsn", "stride_usg", "stride_usn", "stride_osm")
     return dict(zip(scale_names, _scale_args(a, scales)),
@@ -155,7 +158,7 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 SIGNAL_ROWS=handoff is not None and role is PdlRole.PRIMARY,
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
                 MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,
-                SPLIT_RING=cfg.split_ring, SKIP_IDLE_TILES=cfg.skip_idle_tiles,
+                SPLIT_RING=cfg.split_ring, SKIP_IDLE_TILES=cfg.skip_idle_tiles, SPLIT_ROWS=cfg.split_rows,
                 num_warps=cfg.num_warps)
 
 

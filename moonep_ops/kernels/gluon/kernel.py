@@ -38,7 +38,8 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               WAIT_PRIOR: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr,
                               SKIP_LONE_ONLY: gl.constexpr, SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr,
                               MAX_POLLS: gl.constexpr, HALF_LOADS: gl.constexpr, FP8: gl.constexpr,
-                              SPLIT_RING: gl.constexpr, SKIP_IDLE_TILES: gl.constexpr, num_warps: gl.constexpr):
+                              SPLIT_RING: gl.constexpr, SKIP_IDLE_TILES: gl.constexpr, SPLIT_ROWS: gl.constexpr,
+                              num_warps: gl.constexpr):
     """Arguments: the TMA descriptors of :func:`.host.descriptors`; ``out`` again as a pointer
     (masked stores); a weight per row of ``a`` (route weights, or zeros marking idle rows);
     ``cu_seqlens``; the row-tile handoff's state (:class:`.host.Handoff`); the sizes; ``ZERO_N``:
@@ -82,9 +83,10 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     a_bufs, w_bufs, w_up_bufs = _ring_buffers(a_desc, w_desc, w_up_desc, RING, FUSED)
     if SPLIT_RING:  # the second consumer's ring
         a_bufs_1, w_bufs_1, w_up_bufs_1 = _ring_buffers(a_desc, w_desc, w_up_desc, RING, FUSED)
-    # The epilogue buffers: a whole tile, or half its columns (a split epilogue)
-    out_bufs = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS, BLOCK_M, out_desc.block_type.shape[1]],
-                                         out_desc.layout)
+    # The epilogue buffers: a whole tile, or half its columns (a split epilogue), or half its rows
+    # (SPLIT_ROWS)
+    out_box: gl.constexpr = out_desc.block_type.shape
+    out_bufs = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS, out_box[0], out_box[1]], out_desc.layout)
     if PRODUCER_TAIL:
         zero_buf = gl.allocate_shared_memory(zero_desc.dtype, zero_desc.block_type.shape, zero_desc.layout)
     else:
@@ -93,7 +95,7 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         item_ids = gl.allocate_shared_memory(gl.int32, [STAGES, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
         item_ids = zero_buf  # unused
-    ready, empty = _ring_barriers(RING)
+    ready, empty = _ring_barriers(RING, 2 if SPLIT_ROWS else 1)  # SPLIT_ROWS: both consumers release a stage
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
@@ -119,9 +121,9 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                            [num_warps, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
     else:
         smem = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
-        tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR)
+        tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR, False, SPLIT_ROWS)
         # (The consumers' tuples are written out: `args + (0, num_warps)` would pass plain ints, not constexprs.)
-        if PINGPONG:  # two one-warpgroup consumers on alternate items, taking turns
+        if PINGPONG:  # two one-warpgroup consumers on alternate items, taking turns (or on each item's halves)
             gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
                                 (consumer, (smem, descs, problem, scales, tiling, features, 1, num_warps)),
                                 (producer, (descs, smem, problem, tiling, features, 0))],
@@ -147,11 +149,12 @@ def _ring_buffers(a_desc, w_desc, w_up_desc, RING: gl.constexpr, FUSED: gl.const
 
 
 @gluon.jit
-def _ring_barriers(RING: gl.constexpr):
-    """A ring's ``ready`` and ``empty`` mbarriers, one of each per stage, initialized."""
+def _ring_barriers(RING: gl.constexpr, RELEASES: gl.constexpr = 1):
+    """A ring's ``ready`` and ``empty`` mbarriers, one of each per stage, initialized; a stage is
+    empty once ``RELEASES`` consumers released it."""
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(RING):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=RELEASES)
     return ready, empty
