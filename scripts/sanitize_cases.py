@@ -28,6 +28,7 @@ import traceback
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import moonep_ops  # noqa: E402,F401
@@ -86,9 +87,16 @@ def _set_mode(mode: str) -> None:
     flags.reload()
 
 
-# FP8 layouts (tests/test_fp8.py): few-row segments (the 64-row plain tiles on sm90), padded
-# segments (the 128-row ones), empty segments, a partial scale block, all rows in the tail.
+# FP8 layouts (tests/test_fp8.py): few-row segments (on sm90 under 64 rows per group: 64-row items
+# on split rings), padded segments (128-row items split between the consumers), empty segments, a
+# partial scale block, all rows in the tail.
 FP8_LAYOUTS = ("unpadded", "padded_128", "empty_segments", "partial_scale_blocks", "all_tail")
+
+
+def _with_monkeypatch(test, *args) -> None:
+    """A test that takes pytest's ``monkeypatch`` fixture, called with a fresh one (undone after)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        test(monkeypatch, *args)
 
 
 def _fp8_cases(mode: str, results) -> None:
@@ -102,7 +110,11 @@ def _fp8_cases(mode: str, results) -> None:
         _run(f"{mode} fp8 {name} grouped_gemm_out",
              lambda: tf.test_grouped_gemm_fp8_out(layout, torch.bfloat16, "cuda"), results)
     # decode's two-tile padded segments: the sm90 kernels skip idle tiles on an odd grid
-    _run(f"{mode} fp8 moonep_decode experts", lambda: tf.test_experts_fp8_on_moonep_decode("cuda"), results)
+    _run(f"{mode} fp8 moonep_decode experts", lambda: _with_monkeypatch(tf.test_experts_fp8_on_moonep_decode, "cuda"),
+         results)
+    # padding of route weight 0 in 128-row items: the sm90 kernels skip lone tiles' idle upper halves
+    _run(f"{mode} fp8 moonep_padding experts",
+         lambda: tf.test_experts_fp8_on_moonep_padding(torch.bfloat16, "cuda"), results)
 
 
 def _op_cases(modes, device, results) -> None:
