@@ -243,9 +243,9 @@ def test_experts_fp8_on_moonep_decode(monkeypatch, device):
         assert torch.equal(torch.ops.moonep.experts_fp8(*args), out)
 
 
-# The Gluon FP8 configs (sm90), each forced on every layout whatever the table picks for it:
-# 64-row items on split rings (with the idle-tile skip), 128-row items split between the consumers
-# (with and without the idle-upper-half skip of lone tiles).
+# The Gluon FP8 configs (sm90), each forced whatever the table picks: 64-row items on split rings
+# (with the idle-tile skip), 128-row items split between the consumers (with and without the
+# idle-upper-half skip of lone tiles). Layouts whose sizes TMA cannot address run the Triton kernel.
 GLUON_FP8_CONFIGS = {
     "split_ring": dict(block_m=64, stages=(4, 8), split_ring=True, skip_idle_tiles=True),
     "split_rows_idle_halves": dict(block_m=128, stages=(4, 6), split_rows=True, skip_idle_half=True,
@@ -272,7 +272,10 @@ def test_gluon_fp8_configs(monkeypatch, layout, config):
         pytest.skip("the Gluon kernels are off or unusable here")
     fields = dict(block_n=128, block_k=128, pingpong=True, **GLUON_FP8_CONFIGS[config])
 
+    picked = []
+
     def pick(n, k, num_rows, fused, groups=0):  # (stages: the fused GEMM's, the plain one's)
+        picked.append(fused)
         stages = fields["stages"][0 if fused else 1]
         return gluon_config.GluonConfig(**dict(fields, stages=stages, tail_by_producer=k >= 256))
 
@@ -287,6 +290,8 @@ def test_gluon_fp8_configs(monkeypatch, layout, config):
     x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
     _check(torch.ops.moonep.grouped_gemm_fp8(x, w_gate, scale, cu), ref_grouped_gemm_fp8(x, w_gate, scale, cu),
            layout, torch.bfloat16, "cuda")
+    if layout.k % 16 == 0 and layout.n % 16 == 0 and layout.nvs:  # every operand TMA-addressable
+        assert sorted(set(picked)) == [False, True], "the forced configs did not reach both GEMMs"
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])

@@ -154,7 +154,8 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
       six 32 KiB ones (down GEMM). A segment's only row tile with an idle upper half runs on the
       lower consumer alone, its producer loading the lower half (``skip_idle_half``,
       ``skip_lone_tiles_only``), except in buffers of 32768 rows and more (prefill), where the
-      check's registers (spills in the main loop) cost more than the skipped halves save.
+      check's registers (48 against 24 B of stack in the gate/up GEMM) cost more than the
+      skipped halves save.
     - ``split_ring`` elsewhere: decode (MoonEP's 128-row padded segments of a few rows each, or
       unpadded segments of a few rows: under ``TINY_SEGMENT_ROWS`` rows per group) and small
       experts (qwen3-30b-a3b). 64-row items on each consumer's own half of the ring and producer,
