@@ -87,9 +87,10 @@ def _set_mode(mode: str) -> None:
     flags.reload()
 
 
-# FP8 layouts (tests/test_fp8.py): few-row segments (on sm90 under 64 rows per group: 64-row items
-# on split rings), padded segments (128-row items split between the consumers), empty segments, a
-# partial scale block, all rows in the tail.
+# FP8 layouts (tests/test_fp8.py): few-row segments, padded segments, empty segments, a partial
+# scale block, all rows in the tail. Their experts are small, so on sm90 the table gives them split
+# rings; the FP8 Gluon configs forced on MoonEP's padding add 128-row items split between the
+# consumers (the table's pick for large experts).
 FP8_LAYOUTS = ("unpadded", "padded_128", "empty_segments", "partial_scale_blocks", "all_tail")
 
 
@@ -112,9 +113,12 @@ def _fp8_cases(mode: str, results) -> None:
     # decode's two-tile padded segments: the sm90 kernels skip idle tiles on an odd grid
     _run(f"{mode} fp8 moonep_decode experts", lambda: _with_monkeypatch(tf.test_experts_fp8_on_moonep_decode, "cuda"),
          results)
-    # padding of route weight 0 in 128-row items: the sm90 kernels skip lone tiles' idle upper halves
     _run(f"{mode} fp8 moonep_padding experts",
          lambda: tf.test_experts_fp8_on_moonep_padding(torch.bfloat16, "cuda"), results)
+    if mode == "default" and torch.cuda.get_device_capability() == (9, 0):
+        for config in tf.GLUON_FP8_CONFIGS:  # (split rows: lone tiles' idle upper halves skipped, or not)
+            _run(f"{mode} fp8 gluon {config} moonep_padding",
+                 lambda: _with_monkeypatch(tf.test_gluon_fp8_configs, tf.MOONEP_PADDING, config), results)
 
 
 def _op_cases(modes, device, results) -> None:
