@@ -1,0 +1,179 @@
+"""Gluon config variants against each other on the benchmark shapes (sm90), in alternating rounds.
+
+How a config change is measured before it goes into the table (docs/performance.md, docs/fp8.md):
+the experts op on each benchmark shape and padding, once per variant per round, the variants'
+order reversed every other round (A B, B A, ...) so that the board's drift falls on all of them;
+each sample is the median of CUDA-graph replays after a settle (``benchmarks.timing``), with the
+output poisoned before the first call and checked against the first variant's (relative error)
+and for a zero tail.
+
+A variant is ``NAME`` or ``NAME:FIELD=VALUE,...``: the config table's pick with those
+:class:`~moonep_ops.kernels.gluon.config.GluonConfig` fields replaced (``fused.FIELD`` and
+``plain.FIELD``: the gate/up or the down GEMM alone); without fields, the table itself::
+
+    python -m benchmarks.ab table "noskip:skip_idle_half=False" --paddings 128
+    python -m benchmarks.ab --fp8 table \\
+        "rows:block_m=128,split_ring=False,skip_idle_tiles=False,split_rows=True,fused.stages=4,plain.stages=6" \\
+        --shapes 2,5 --rounds 3
+
+``--fp8`` runs the FP8 experts (weights quantized per 128 x 128 block) and varies the FP8 table.
+Prints one line per shape and padding (each variant's samples in µs, then their medians) and,
+with ``--out``, writes them as JSON. Nothing here is a result file of the repository.
+"""
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import json
+import statistics
+
+import torch
+
+from .shapes import SHAPES, build_problem
+from .timing import environment
+
+TABLE = "table"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A named set of field replacements: for both GEMMs, for the gate/up one, for the down one."""
+    name: str
+    both: dict = dataclasses.field(default_factory=dict)
+    fused: dict = dataclasses.field(default_factory=dict)
+    plain: dict = dataclasses.field(default_factory=dict)
+
+    def apply(self, cfg, fused: bool):
+        """``cfg`` (the table's pick for one GEMM) with this variant's fields; None stays None."""
+        fields = {**self.both, **(self.fused if fused else self.plain)}
+        return cfg if cfg is None or not fields else dataclasses.replace(cfg, **fields)
+
+
+def parse_variant(spec: str) -> Variant:
+    """``NAME`` or ``NAME:FIELD=VALUE,...`` (values are Python literals: ``True``, ``4``)."""
+    from moonep_ops.kernels.gluon.config import GluonConfig
+
+    name, _, body = spec.partition(":")
+    if not name:
+        raise ValueError(f"benchmarks.ab: a variant needs a name, got {spec!r}")
+    known = {f.name for f in dataclasses.fields(GluonConfig)}
+    parts = {"both": {}, "fused": {}, "plain": {}}
+    for item in filter(None, body.split(",")):
+        key, sep, value = item.partition("=")
+        scope, _, field = key.rpartition(".")
+        if not sep or scope not in ("", "fused", "plain") or field not in known:
+            raise ValueError(f"benchmarks.ab: {item!r} in variant {name!r} is not [fused.|plain.]FIELD=VALUE with a "
+                             f"GluonConfig field ({', '.join(sorted(known))})")
+        try:
+            parts[scope or "both"][field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"benchmarks.ab: the value of {key!r} in variant {name!r} is not a Python literal: "
+                             f"{value!r}") from None
+    return Variant(name, **parts)
+
+
+def round_order(variants: list, round_index: int) -> list:
+    """The variants of round ``round_index``: as given in even rounds, reversed in odd ones."""
+    return list(variants) if round_index % 2 == 0 else list(reversed(variants))
+
+
+@contextlib.contextmanager
+def table_replaced(variant: Variant, fp8: bool):
+    """The config table (bf16 or FP8) replaced by ``variant``'s, and no launch plan kept across
+    the change (plans hold the config they were made with)."""
+    from moonep_ops.kernels.gluon import config, host
+
+    attr = "gluon_fp8_config" if fp8 else "gluon_gemm_config"
+    table = getattr(config, attr)
+
+    def pick(n, k, num_rows, fused, groups=0):
+        return variant.apply(table(n, k, num_rows, fused, groups=groups), fused)
+
+    setattr(config, attr, pick)
+    host._PLANS.clear()
+    try:
+        yield
+    finally:
+        setattr(config, attr, table)
+        host._PLANS.clear()
+
+
+def _experts_call(shape, padding, fp8: bool):
+    """``(call, out, live rows)`` for the experts op on one benchmark problem."""
+    import moonep_ops
+    from moonep_ops import fp8 as fp8_ops
+
+    x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
+    out = torch.empty_like(x)
+    if not fp8:
+        return (lambda: moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out)), out, sum(sizes)
+    (qg, sg), (qu, su), (qd, sd) = (fp8_ops.quantize_weight(w) for w in (wg, wu, wd))
+    del wg, wu, wd
+    return (lambda: moonep_ops.moonep_experts(x, qg, qu, qd, cu, rw, out=out, w_gate_scale=sg, w_up_scale=su,
+                                              w_down_scale=sd)), out, sum(sizes)
+
+
+def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle_s: float) -> dict:
+    """Every variant ``rounds`` times on one shape and padding; samples in µs per variant."""
+    from .fp8 import time_path
+
+    call, out, live = _experts_call(shape, padding, fp8)
+    row = {"shape": shape.name, "token_padding": padding, "samples": {v.name: [] for v in variants}, "errors": {}}
+    ref = None
+    for r in range(rounds):
+        for variant in round_order(variants, r):
+            with table_replaced(variant, fp8):
+                rec = time_path(call, out, live, ref, reps, settle_s)
+            if "us" not in rec:
+                row["errors"][variant.name] = rec["error"]
+                continue
+            if ref is None:
+                ref = out[:live].float().clone()
+            row["samples"][variant.name].append(rec["us"])
+            if rec["err_vs_bf16"] > 1e-2 or not rec["tail_zero"]:
+                row["errors"][variant.name] = f"rel err {rec['err_vs_bf16']:.3g}, zero tail {rec['tail_zero']}"
+    return row
+
+
+def _line(row) -> str:
+    cells = []
+    for name, samples in row["samples"].items():
+        med = f"{statistics.median(samples):7.0f}" if samples else "    n/a"
+        cells.append(f"{name} {med} ({' '.join(f'{s:.0f}' for s in samples)})")
+    bad = "".join(f" | {name}: {err[:80]}" for name, err in row["errors"].items())
+    return f"{row['shape']:<28} pad={row['token_padding']:<3} | " + " | ".join(cells) + bad
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("variants", nargs="+", help="NAME or NAME:FIELD=VALUE,... (see above); 'table' alone: the "
+                                                    "table itself")
+    parser.add_argument("--fp8", action="store_true", help="the FP8 experts and the FP8 config table")
+    parser.add_argument("--shapes", default="all", help="comma-separated indices into benchmarks.shapes.SHAPES")
+    parser.add_argument("--paddings", default="128,1")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--settle", type=float, default=0.3)
+    parser.add_argument("--out", default=None, help="JSON file for the samples")
+    args = parser.parse_args(argv)
+    variants = [parse_variant(spec) for spec in args.variants]
+    if len({v.name for v in variants}) != len(variants):
+        parser.error("variant names must differ")
+    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    rows = []
+    with torch.inference_mode():
+        for padding in [int(p) for p in args.paddings.split(",")]:
+            for shape in shapes:
+                rows.append(run_case(shape, padding, variants, args.fp8, args.rounds, args.reps, args.settle))
+                print(_line(rows[-1]), flush=True)
+                torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": {**environment(), "reps": args.reps, "settle_s": args.settle, "fp8": args.fp8,
+                               "variants": args.variants}, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""benchmarks/ab.py on CPU: variant specs parsed into GluonConfig field replacements (for both
+GEMMs or one), bad specs refused with the variant and the field named, the alternating round
+order, and the config table replaced for the duration of a variant and restored after."""
+
+import pytest
+
+from benchmarks import ab
+from moonep_ops.kernels.gluon import config
+
+
+def test_a_name_alone_is_the_table():
+    variant = ab.parse_variant("table")
+    assert variant == ab.Variant("table")
+    cfg = config.gluon_fp8_config(2048, 7168, 45056, fused=True, groups=388)
+    assert variant.apply(cfg, fused=True) is cfg
+
+
+def test_fields_for_both_gemms_or_one():
+    variant = ab.parse_variant("rows:split_ring=False,skip_idle_tiles=False,block_m=128,split_rows=True,"
+                               "fused.stages=4,plain.stages=6")
+    assert variant.both == dict(split_ring=False, skip_idle_tiles=False, block_m=128, split_rows=True)
+    assert (variant.fused, variant.plain) == (dict(stages=4), dict(stages=6))
+    ring = config.gluon_fp8_config(2048, 7168, 13312, fused=True, groups=388)
+    assert ring.split_ring
+    fused, plain = variant.apply(ring, fused=True), variant.apply(ring, fused=False)
+    assert (fused.split_rows, fused.block_m, fused.stages, plain.stages) == (True, 128, 4, 6)
+    assert variant.apply(None, fused=True) is None  # a GEMM the Gluon kernel does not take
+
+
+def test_a_variant_that_breaks_a_config_rule_fails_when_applied():
+    variant = ab.parse_variant("bad:split_rows=True")
+    ring = config.gluon_fp8_config(2048, 7168, 13312, fused=True, groups=388)
+    with pytest.raises(ValueError, match="GluonConfig: split_rows needs ping-pong on one ring"):
+        variant.apply(ring, fused=True)
+
+
+@pytest.mark.parametrize("spec, message", [
+    (":stages=4", "benchmarks.ab: a variant needs a name, got ':stages=4'"),
+    ("v:stage=4", "benchmarks.ab: 'stage=4' in variant 'v' is not [fused.|plain.]FIELD=VALUE with a GluonConfig "
+                  "field ("),
+    ("v:down.stages=4", "benchmarks.ab: 'down.stages=4' in variant 'v' is not [fused.|plain.]FIELD=VALUE"),
+    ("v:stages", "benchmarks.ab: 'stages' in variant 'v' is not [fused.|plain.]FIELD=VALUE"),
+    ("v:pingpong=yes", "benchmarks.ab: the value of 'pingpong' in variant 'v' is not a Python literal: 'yes'"),
+])
+def test_bad_specs_are_refused(spec, message):
+    with pytest.raises(ValueError) as err:
+        ab.parse_variant(spec)
+    assert str(err.value).startswith(message)
+
+
+def test_rounds_alternate_the_order():
+    assert [ab.round_order(["a", "b", "c"], r) for r in range(3)] == [["a", "b", "c"], ["c", "b", "a"],
+                                                                      ["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_the_table_is_replaced_for_a_variant_and_restored(fp8):
+    from moonep_ops.kernels.cuda import paths
+
+    host = paths.gluon_host()
+    if host is None:
+        pytest.skip("this Triton has no usable Gluon")
+    name = "gluon_fp8_config" if fp8 else "gluon_gemm_config"
+    table = getattr(config, name)
+    host._PLANS["stale"] = object()
+    with ab.table_replaced(ab.parse_variant("v:stages=3"), fp8):
+        assert "stale" not in host._PLANS
+        assert getattr(config, name)(2048, 7168, 45056, True, groups=388).stages == 3
+        host._PLANS["made under the variant"] = object()
+    assert getattr(config, name) is table and not host._PLANS
+
+
+def test_run_case_times_each_variant_under_its_table_in_alternating_rounds(monkeypatch):
+    """The glue of one case, the GPU replaced: each sample is taken with its variant's table in
+    place, the first variant's output is the reference of the others, and a variant whose output
+    is off or that fails is reported beside its samples."""
+    import torch
+
+    from benchmarks import fp8 as fp8_bench
+    from moonep_ops.kernels.cuda import paths
+
+    if paths.gluon_host() is None:
+        pytest.skip("this Triton has no usable Gluon")
+    out = torch.zeros(4)
+    seen = []
+
+    def fake_time_path(fn, out_, live, ref, reps, settle_s):
+        stages = config.gluon_fp8_config(2048, 7168, 45056, True, groups=388).stages
+        seen.append((stages, ref is None))
+        if stages == 2:
+            return {"error": "RuntimeError: no"}
+        return {"us": 100.0 + stages, "err_vs_bf16": 0.5 if stages == 3 else 0.0, "tail_zero": True}
+
+    monkeypatch.setattr(fp8_bench, "time_path", fake_time_path)
+    monkeypatch.setattr(ab, "_experts_call", lambda shape, padding, fp8: (lambda: None, out, 4))
+    variants = [ab.parse_variant(s) for s in ("table", "three:stages=3", "two:stages=2")]
+    row = ab.run_case(ab.SHAPES[0], 128, variants, fp8=True, rounds=2, reps=1, settle_s=0.0)
+    table_stages = config.gluon_fp8_config(2048, 7168, 45056, True, groups=388).stages
+    assert [s for s, _ in seen] == [table_stages, 3, 2, 2, 3, table_stages]
+    assert [first for _, first in seen] == [True] + [False] * 5
+    assert row["samples"] == {"table": [100.0 + table_stages] * 2, "three": [103.0, 103.0], "two": []}
+    assert row["errors"] == {"three": "rel err 0.5, zero tail True", "two": "RuntimeError: no"}
+    assert "table" in ab._line(row) and "two     n/a" in ab._line(row)
