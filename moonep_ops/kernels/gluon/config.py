@@ -43,7 +43,7 @@ class GluonConfig:
     # odd number of programs (schedule.ring_item)
     skip_idle_tiles: bool = False
     # ping-pong consumers on the same items, each on its own 64 rows of the 128-row tile: both
-    # read each stage's weight tiles (half the L2 bytes per FLOP of 64-row items), and each
+    # read each stage's weight tiles (half the weight bytes per FLOP of 64-row items), and each
     # releases the stage on its own, so neither waits for the other's scaling (the FP8 GEMMs)
     split_rows: bool = False
 
@@ -150,12 +150,12 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
     - ``split_rows`` for large experts (``LARGE_EXPERT`` weight elements per group and more: the
       long items of kimi-k2, llama4) in buffers of ``TINY_SEGMENT_ROWS`` rows per group or more:
       both consumers on every 128-row item, each on its own 64 rows, one ring whose weight tiles
-      both read: half the L2 bytes per FLOP of 64-row items. Four 48 KiB stages (gate/up GEMM) or
-      six 32 KiB ones (down GEMM). A segment's only row tile with an idle upper half runs on the
-      lower consumer alone, its producer loading the lower half (``skip_idle_half``,
-      ``skip_lone_tiles_only``), except in buffers of 32768 rows and more (prefill), where the
-      check's registers (48 against 24 B of stack in the gate/up GEMM) cost more than the
-      skipped halves save.
+      both read: half the weight bytes per FLOP of 64-row items (0.6x the L2 bytes in the gate/up
+      GEMM, 0.67x in the down GEMM). Four 48 KiB stages (gate/up GEMM) or six 32 KiB ones (down
+      GEMM). A segment's only row tile with an idle upper half runs on the lower consumer alone,
+      its producer loading the lower half (``skip_idle_half``, ``skip_lone_tiles_only``), except
+      in buffers of 32768 rows and more (prefill), where the check's registers (48 against 24 B
+      of stack in the gate/up GEMM) cost more than the skipped halves save.
     - ``split_ring`` elsewhere: decode (MoonEP's 128-row padded segments of a few rows each, or
       unpadded segments of a few rows: under ``TINY_SEGMENT_ROWS`` rows per group) and small
       experts (qwen3-30b-a3b). 64-row items on each consumer's own half of the ring and producer,
