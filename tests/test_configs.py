@@ -185,10 +185,10 @@ def test_idle_half_switches_reach_the_kernel(skip, lone):
     assert (args["SKIP_IDLE_HALF"], args["SKIP_LONE_ONLY"], args["HALF_LOADS"]) == (skip, lone, skip)
 
 
-def test_skip_idle_tiles_reaches_the_kernel_of_fp8_gemms_only():
-    """The FP8 configs' ``skip_idle_tiles`` is the kernel's ``SKIP_IDLE_TILES``; the bf16 GEMMs
-    (128-row tiles, which skip idle upper halves instead) refuse it (CPU tensors: the arguments are
-    built, nothing launches)."""
+def _plain_fp8_gemm(cfg):
+    """A plain FP8 GEMM's CPU operands under ``cfg`` (nothing launches): the Gluon host module,
+    its kernel arguments, its descriptors, and the error message the same config gets for bf16
+    operands (None if accepted)."""
     import torch
 
     from moonep_ops.kernels.cuda import paths
@@ -199,36 +199,33 @@ def test_skip_idle_tiles_reaches_the_kernel_of_fp8_gemms_only():
     cu = torch.tensor([100, 256], dtype=torch.int32)
     a, w = torch.empty(256, 128, dtype=torch.float8_e4m3fn), torch.empty(2, 128, 128, dtype=torch.float8_e4m3fn)
     out = torch.empty(256, 128, dtype=torch.bfloat16)
-    cfg = configs.gluon_fp8_config(128, 128, 64, fused=False, groups=2)  # under 64 rows per group
     scales = host.Fp8Scales(torch.ones(256, 1), torch.ones(2, 1, 1), torch.ones(2, 1, 1))
-    args = host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None), scales=scales)
-    assert (args["SKIP_IDLE_TILES"], args["SPLIT_RING"], args["FP8"]) == (True, True, True)
+    descs = host.descriptors(a, w, w, out, cfg, None)
+    args = host.kernel_args(a, w, None, None, cu, out, cfg, descs, scales=scales)
     a, w = a.to(torch.bfloat16), w.to(torch.bfloat16)
-    with pytest.raises(ValueError) as err:
+    try:
         host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None))
-    assert str(err.value) == "skip_idle_tiles: the FP8 GEMMs' 64-row tiles only, without the row-tile handoff"
+        bf16_error = None
+    except ValueError as err:
+        bf16_error = str(err)
+    return args, descs, bf16_error
+
+
+def test_skip_idle_tiles_reaches_the_kernel_of_fp8_gemms_only():
+    """The FP8 configs' ``skip_idle_tiles`` is the kernel's ``SKIP_IDLE_TILES``; the bf16 GEMMs
+    (128-row tiles, which skip idle upper halves instead) refuse it (CPU tensors: the arguments are
+    built, nothing launches)."""
+    cfg = configs.gluon_fp8_config(128, 128, 64, fused=False, groups=2)  # under 64 rows per group
+    args, _, bf16_error = _plain_fp8_gemm(cfg)
+    assert (args["SKIP_IDLE_TILES"], args["SPLIT_RING"], args["FP8"]) == (True, True, True)
+    assert bf16_error == "skip_idle_tiles: the FP8 GEMMs' 64-row tiles only, without the row-tile handoff"
 
 
 def test_split_rows_reaches_the_kernel_of_fp8_gemms_only():
     """``split_rows`` is the kernel's ``SPLIT_ROWS``, each consumer storing 64-row halves (the
     output descriptor's box); the bf16 GEMMs refuse it (CPU tensors: nothing launches)."""
-    import torch
-
-    from moonep_ops.kernels.cuda import paths
-
-    host = paths.gluon_host()
-    if host is None:
-        pytest.skip("this Triton has no usable Gluon")
-    cu = torch.tensor([100, 256], dtype=torch.int32)
-    a, w = torch.empty(256, 128, dtype=torch.float8_e4m3fn), torch.empty(2, 128, 128, dtype=torch.float8_e4m3fn)
-    out = torch.empty(256, 128, dtype=torch.bfloat16)
     cfg = configs.GluonConfig(block_m=128, block_n=128, block_k=128, stages=6, split_rows=True)
-    scales = host.Fp8Scales(torch.ones(256, 1), torch.ones(2, 1, 1), torch.ones(2, 1, 1))
-    descs = host.descriptors(a, w, w, out, cfg, None)
+    args, descs, bf16_error = _plain_fp8_gemm(cfg)
     assert descs[3].block_shape == [64, 128]
-    args = host.kernel_args(a, w, None, None, cu, out, cfg, descs, scales=scales)
     assert (args["SPLIT_ROWS"], args["SPLIT_RING"], args["PINGPONG"], args["BLOCK_M"]) == (True, False, True, 128)
-    a, w = a.to(torch.bfloat16), w.to(torch.bfloat16)
-    with pytest.raises(ValueError) as err:
-        host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None))
-    assert str(err.value) == "split_rows: the FP8 GEMMs only"
+    assert bf16_error == "split_rows: the FP8 GEMMs only"
