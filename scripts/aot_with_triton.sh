@@ -15,9 +15,10 @@ venv=${AOT_TRITON_VENVS:-$HOME/.cache/moonep_ops}/aot-triton-$version
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --no-deps "triton==$version"
-    site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    # the current Python's packages (torch, moonep_ops' dependencies), after the venv's own Triton
-    "$python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$site/zz_outer_site.pth"
 fi
+site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+# the current Python's packages (torch, moonep_ops' dependencies), after the venv's own Triton;
+# written on every run, so that the cached venv follows whichever Python runs this
+"$python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$site/zz_outer_site.pth"
 "$venv/bin/python" -c "import triton; print('triton', triton.__version__)"
 exec "$venv/bin/python" scripts/aot_compile_check.py "$@"
