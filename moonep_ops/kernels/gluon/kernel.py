@@ -96,9 +96,14 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     else:
         item_ids = zero_buf  # unused
     ready, empty = _ring_barriers(RING, 2 if SPLIT_ROWS else 1)  # SPLIT_ROWS: both consumers release a stage
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
+    if SPLIT_RING or SPLIT_ROWS:
+        # No turns to take. (An unused barrier's memory may be reused for Triton's handshake with
+        # the worker warps, and its init would then look like a race to racecheck.)
+        turn = empty
+    else:
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
     if SPLIT_RING:
         ready_1, empty_1 = _ring_barriers(RING)
 
