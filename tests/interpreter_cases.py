@@ -265,28 +265,31 @@ def test_flatten_with_tma_store_is_refused(interpreted):
                                  use_tma=True)
 
 
+@pytest.mark.parametrize("groups_per_program", [1, 8])
 @pytest.mark.parametrize("with_weights", [False, True], ids=["all_rows", "route_weights"])
-def test_fp8_row_quantization_reads_the_rows_it_should(with_weights):
-    """The FP8 experts' quantization of ``x`` (the sm89+ kernel): the scales of the live rows, a
-    row of route weight 0 (NaN in it here) written as zeros unread, the tail neither read nor
-    written. Only the scales and the zero rows are compared: the interpreter converts to e4m3 with
-    its own rounding (some elements one binade off), so the e4m3 values are checked on the GPU."""
+def test_fp8_row_quantization_reads_the_rows_it_should(with_weights, groups_per_program):
+    """The FP8 experts' quantization of ``x`` (the sm89+ kernel): the scales of the live rows;
+    with route weights, a row of weight 0 (NaN in it here) and the tail neither read nor written.
+    Only the scales and the untouched rows are compared: the interpreter converts to e4m3 with its
+    own rounding (some elements one binade off), so the e4m3 values are checked on the GPU."""
     from moonep_ops import fp8
     from moonep_ops.kernels.triton.grouped_gemm_fp8 import quantize_rows
 
-    x = torch.randn(50, 300, dtype=torch.float16)
+    x = torch.randn(50, 1100, dtype=torch.float16)  # 9 column groups: with 8 per program, two runs
     x[37:] = float("nan")  # the tail
     cu = torch.tensor([10, 10, 37], dtype=torch.int32)
     rw = torch.rand(50) + 0.1
-    rw[5:9] = 0.0
+    rw[5:9] = rw[32:37] = 0.0  # rows 32-36: a whole row block (32 rows) with nothing to quantize
     if with_weights:
-        x[5:9] = float("nan")
-    q = torch.full((50, 300), 1.0).to(torch.float8_e4m3fn)
-    scale = torch.full((50, 3), -1.0)
-    quantize_rows(x, cu, q, scale, rw if with_weights else None)
+        x[5:9] = x[32:37] = float("nan")
+    q = torch.full((50, 1100), 1.0).to(torch.float8_e4m3fn)
+    scale = torch.full((50, 9), -1.0)
+    quantize_rows(x, cu, q, scale, rw if with_weights else None, groups_per_program)
     _, ref_scale = fp8.quantize_rows(x[:37].float())
     if with_weights:
-        ref_scale[5:9] = 0.0
-        assert torch.equal(q[5:9].float(), torch.zeros(4, 300))
+        for lo, hi in ((5, 9), (32, 37)):
+            assert torch.equal(q[lo:hi].float(), torch.ones(hi - lo, 1100))
+            assert torch.equal(scale[lo:hi], torch.full((hi - lo, 9), -1.0))
+            ref_scale[lo:hi] = -1.0
     assert torch.equal(scale[:37], ref_scale)
-    assert torch.equal(q[37:].float(), torch.ones(13, 300)) and torch.equal(scale[37:], torch.full((13, 3), -1.0))
+    assert torch.equal(q[37:].float(), torch.ones(13, 1100)) and torch.equal(scale[37:], torch.full((13, 9), -1.0))

@@ -296,9 +296,9 @@ def test_gluon_fp8_configs(monkeypatch, layout, config):
 
 @pytest.mark.parametrize("device", DEVICES[1:])
 def test_experts_fp8_does_not_read_rows_of_route_weight_zero(device):
-    """On CUDA the quantization of ``x`` writes a row of route weight 0 (MoonEP's padding) as a
-    zero row without reading it (for finite ``x`` its ``act`` row is zero either way): NaN there
-    changes no output, which equals the call on zero padding rows bit for bit."""
+    """On CUDA the quantization of ``x`` neither reads nor writes a row of route weight 0
+    (MoonEP's padding) and the fused epilogue zeroes its ``act`` row: NaN there changes no output,
+    which equals the call on zero padding rows bit for bit."""
     layout = MOONEP_PADDING
     args = _experts_args(layout, torch.bfloat16, device)
     rw = zero_padding_rows(layout, args[-2])
@@ -323,8 +323,9 @@ def test_experts_fp8_out_op_in_place(device):
 @pytest.mark.parametrize("device", DEVICES[1:])
 def test_buffers_between_launches_are_written_before_read(monkeypatch, layout, device):
     """The CUDA ops' buffers between launches (``x``'s e4m3 rows and scales, ``act`` and its
-    scales) handed out full of NaN: a kernel that read a row or scale the kernel before it did not
-    write (another segment's, the tail's, a column group past I) would change the result."""
+    scales) handed out full of NaN: a kernel that used a row or scale the kernel before it did not
+    write (another segment's, the tail's, a column group past I) would change the result. The rows
+    of ``x`` of route weight 0 stay unwritten: their products are discarded."""
     from moonep_ops.kernels.cuda import fp8 as cuda_fp8
 
     args = _experts_args(layout, torch.bfloat16, device)
@@ -461,6 +462,29 @@ def test_quantize_weight_zero_block():
     q, scale = fp8.quantize_weight(w)
     assert scale[0, 0, 0] == 0 and torch.count_nonzero(q[0, :128].float()) == 0
     assert torch.equal(fp8.dequantize_weight(q, scale), w)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton quantization kernel runs on CUDA")
+@pytest.mark.parametrize("groups_per_program", [1, 3, 8])
+def test_cuda_row_quantization_matches_the_semantics(groups_per_program):
+    """The CUDA quantization of ``x`` (a program per row block and run of column groups) against
+    :func:`fp8.quantize_rows` on the live rows of route weight other than 0; the rows of weight 0
+    (NaN here) and the tail keep the bytes they had."""
+    from moonep_ops.kernels.triton.grouped_gemm_fp8 import quantize_rows
+
+    x = torch.randn(300, 1100, device="cuda").to(torch.bfloat16)
+    cu = torch.tensor([40, 40, 250], dtype=torch.int32, device="cuda")
+    rw = torch.rand(300, device="cuda") + 0.1
+    rw[64:128] = rw[7] = 0.0  # two whole 32-row blocks of padding, and a lone row
+    x[64:128] = x[7] = float("nan")
+    q = torch.full((300, 1100), 2.0, device="cuda").to(FP8)
+    s = torch.full((300, 9), -1.0, device="cuda")
+    quantize_rows(x, cu, q, s, rw, groups_per_program)
+    read = (torch.arange(300, device="cuda") < 250) & (rw != 0)
+    expected_q, expected_s = fp8.quantize_rows(x[read])
+    assert torch.equal(q[read].float(), expected_q.float()) and torch.equal(s[read], expected_s)
+    assert (q[~read].float() == 2.0).all() and (s[~read] == -1.0).all()
 
 
 @pytest.mark.parametrize("cols", [1, 127, 128, 200, 1001])

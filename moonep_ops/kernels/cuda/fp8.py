@@ -79,8 +79,8 @@ def _gemm(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_
 
 
 def _quantized_rows(x, cu, route_weights=None):
-    """e4m3 rows of ``x`` and their scales (live rows only; the tail stays unwritten and unread;
-    rows of route weight 0 are zero rows, unread)."""
+    """e4m3 rows of ``x`` and their scales (live rows only; the tail stays unwritten and unread,
+    and so do rows of route weight 0)."""
     from ..triton.grouped_gemm_fp8 import quantize_rows
 
     q = _scratch(x.shape, torch.float8_e4m3fn, x.device)
@@ -109,8 +109,8 @@ def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale
         out.zero_()
         return
     route_weights = contiguous(route_weights)
-    # A row of route weight 0 (MoonEP's padding) gives act = silu(gate) * up * 0 = 0 for finite x:
-    # the quantization skips reading it.
+    # A row of route weight 0 (MoonEP's padding) has act = 0: the quantization neither reads nor
+    # writes it (in padded decode most rows), and the fused GEMM's epilogue zeroes its act row.
     x_q, x_scale = _quantized_rows(x, cu, route_weights)
     act = _scratch((num_rows, inter), torch.float8_e4m3fn, x.device)
     act_scale = _scratch((num_rows, num_blocks(inter)), torch.float32, x.device)

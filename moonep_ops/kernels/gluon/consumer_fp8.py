@@ -119,11 +119,15 @@ def _fused_epilogue(acc, acc_up, out_buf, problem, scales, features, rows, row_m
     """``act = silu(gate) * up * route_weight`` quantized per row over the tile's 128 columns (one
     scale group): the e4m3 tile into ``out_buf``, its row scales to ``act``'s scales."""
     act = acc / (1.0 + gl.exp(-acc)) * acc_up
-    if features.HAS_WEIGHTS:
-        act = act * gl.load(problem.row_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
     cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
     # Columns past N hold the next group's weight rows (TMA reads [G*N, K]): not in the group.
-    act = gl.where((cols < problem.N)[None, :], act, 0.0)
+    keep = (cols < problem.N)[None, :]
+    if features.HAS_WEIGHTS:
+        # Rows of weight 0 are 0 whatever their products: their rows of the input were not written.
+        row_weights = gl.load(problem.row_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        act = act * row_weights
+        keep = keep & (row_weights != 0.0)
+    act = gl.where(keep, act, 0.0)
     scale, recip = quantization_scales(gl.max(gl.abs(act), axis=1))
     gl.store(scales.out_ptr + rows.to(gl.int64) * scales.stride_om + col0 // 128, scale, mask=row_mask)
     tma.store_wait(0)  # the previous store has read out_buf

@@ -29,7 +29,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...cache import layout_signature
 from .. import launch as direct
-from .grouped_gemm import (_register_schedule, _work_item, _zero_tail_item, locate_tile, num_row_tiles,
+from .grouped_gemm import (_register_schedule, _work_item, _zero_tail_item, locate_tile, num_row_tiles, num_sms,
                            persistent_programs, store_tile, SMALL_G_MAX, BLOCK_G)
 
 
@@ -124,11 +124,15 @@ def _epilogue(acc, acc_up, tile, out_ptr, out_scale_ptr, rw_ptr, NUM_ROWS, N, st
     col_mask = cols < N
     if FUSED:
         act = acc * tl.sigmoid(acc) * acc_up
+        keep = col_mask[None, :]
         if HAS_WEIGHTS:
-            act = act * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
+            # Rows of weight 0 are 0 whatever their products: their rows of ``a`` were not written.
+            rw = tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
+            act = act * rw
+            keep = keep & (rw != 0.0)
         # Columns past N are no part of the scale group: TMA reads them from the next group's
         # weight rows (``[G*N, K]``), the pointer path as zeros.
-        q, scale = quantize_rows_tile(tl.where(col_mask[None, :], act, 0.0))
+        q, scale = quantize_rows_tile(tl.where(keep, act, 0.0))
         store_tile(out_ptr, q, rows, cols, row_mask, col_mask, stride_om, stride_on)
         tl.store(out_scale_ptr + rows.to(tl.int64) * stride_osm + pid_n, scale, mask=row_mask)
     else:
@@ -177,40 +181,53 @@ def grouped_gemm_fp8_kernel(
 
 @triton.jit
 def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cu_ptr, rw_ptr, G, NUM_ROWS, K, stride_xm, stride_xk, stride_qm,
-                         stride_sm, BLOCK_R: tl.constexpr, BY_WEIGHT: tl.constexpr):
+                         stride_sm, BLOCK_R: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr, BY_WEIGHT: tl.constexpr):
     """e4m3 rows of ``x`` and their scales, per 128 columns, for rows below ``cu_seqlens[-1]``
     only (the tail is neither read nor written). ``BY_WEIGHT``: rows whose route weight is 0
-    (MoonEP's padding) are written as zeros without being read. Program (row block, column block)."""
+    (MoonEP's padding) are neither read nor written either: the fused GEMM's epilogue writes their
+    ``act`` rows as zeros whatever their products. Program (row block, run of
+    ``GROUPS_PER_PROGRAM`` column groups): in padded decode most row blocks hold only padding,
+    and their programs return after one load of route weights."""
     live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if tl.program_id(0) * BLOCK_R < live_end:
-        kb = tl.program_id(1)
-        cols = kb * 128 + tl.arange(0, 128)
-        row_mask = rows < live_end
-        read = row_mask
+        read = rows < live_end
         if BY_WEIGHT:
-            read = read & (tl.load(rw_ptr + rows, mask=row_mask, other=0.0) != 0.0)
-        col_mask = (cols < K)[None, :]
-        rows64 = rows[:, None].to(tl.int64)
-        x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :].to(tl.int64) * stride_xk,
-                    mask=read[:, None] & col_mask, other=0.0)
-        q, scale = quantize_rows_tile(x.to(tl.float32))
-        tl.store(q_ptr + rows64 * stride_qm + cols[None, :], q, mask=row_mask[:, None] & col_mask)
-        tl.store(s_ptr + rows.to(tl.int64) * stride_sm + kb, scale, mask=row_mask)
+            read = read & (tl.load(rw_ptr + rows, mask=read, other=0.0) != 0.0)
+        if tl.max(read.to(tl.int32), axis=0) != 0:
+            rows64 = rows[:, None].to(tl.int64)
+            kb0 = tl.program_id(1) * GROUPS_PER_PROGRAM
+            for kb in range(kb0, tl.minimum(kb0 + GROUPS_PER_PROGRAM, tl.cdiv(K, 128))):
+                cols = kb * 128 + tl.arange(0, 128)
+                mask = read[:, None] & (cols < K)[None, :]
+                x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :].to(tl.int64) * stride_xk, mask=mask, other=0.0)
+                q, scale = quantize_rows_tile(x.to(tl.float32))
+                tl.store(q_ptr + rows64 * stride_qm + cols[None, :], q, mask=mask)
+                tl.store(s_ptr + rows.to(tl.int64) * stride_sm + kb, scale, mask=read)
 
 
-def quantize_rows(x, cu_seqlens, q, scale, route_weights=None) -> None:
+def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_program=None) -> None:
     """``q`` (e4m3, contiguous ``[NvS, K]``) and ``scale`` (fp32 ``[NvS, cdiv(K, 128)]``) from the
     live rows of ``x``. ``route_weights`` (the experts op's, contiguous): a row of weight 0 is
-    quantized as a zero row, unread (its ``act`` row is zero either way for finite ``x``)."""
+    left unread and unwritten (stale bytes: the fused epilogue zeroes its ``act`` row).
+    ``groups_per_program``: the 128-column groups of a program (None: by the grid's size)."""
     num_rows, k = x.shape
     if num_rows == 0 or k == 0:
         return
-    block_r = 32
-    grid = (triton.cdiv(num_rows, block_r), triton.cdiv(k, 128))
+    block_r, groups = 32, triton.cdiv(k, 128)
+    row_blocks = triton.cdiv(num_rows, block_r)
+    if groups_per_program is None:
+        # Up to 8 groups a program where one per group would be over 16 programs per SM (padded
+        # decode: tens of thousands, most with nothing to do, whose waves were most of the
+        # kernel's time); fewer programs would leave SMs idle on short unpadded calls.
+        sms = num_sms(x.device.index) if x.is_cuda else 1
+        groups_per_program = max(1, min(8, row_blocks * groups // (16 * sms)))
+    per_program = min(groups_per_program, groups)
+    grid = (row_blocks, triton.cdiv(groups, per_program))
     quantize_rows_kernel[grid](x, q, scale, cu_seqlens, x if route_weights is None else route_weights,
                                cu_seqlens.shape[0], num_rows, k, x.stride(0), x.stride(1), q.stride(0),
-                               scale.stride(0), BLOCK_R=block_r, BY_WEIGHT=route_weights is not None, num_warps=4)
+                               scale.stride(0), BLOCK_R=block_r, GROUPS_PER_PROGRAM=per_program,
+                               BY_WEIGHT=route_weights is not None, num_warps=4)
 
 
 @dataclasses.dataclass(frozen=True)
