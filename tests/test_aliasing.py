@@ -197,7 +197,8 @@ def test_refused_iff_spans_cross(case):
         assert f"out overlaps {name} in memory" in _error(case["op"], t, out)
     else:
         assert fn(t, out) is out
-        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        # (an input laid out column-major may take another BLAS path: fp32 rounding, not equality)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_place_gives_views_of_distinct_elements():
