@@ -90,3 +90,28 @@ def test_experts_fp8_dynamic_nvs(backend, device, fresh_dynamo):
     assert_no_graph_breaks()
     assert counter.frame_count == 1, f"recompiled: {counter.frame_count} frames for NvS {sorted(seen)}"
     assert fresh_dynamo["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_block_major_weights_fullgraph(backend, device, fresh_dynamo):
+    """Block-major weights (H and I multiples of 128): one graph, no break, the fakes' output
+    shapes from the weights' ``[G, N, K]``, the row-major call's result bit for bit."""
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(MoEShape(hidden=256, inter=384), torch.bfloat16)
+    (qg, sg), (qu, su), (qd, sd) = (fp8.quantize_weight(w) for w in (w_gate, w_up, w_down))
+    row_major = tuple(t.to(device) for t in (x, qg, sg, qu, su, qd, sd, rw, cu))
+    blocked = list(row_major)
+    for i in (1, 3, 5):
+        blocked[i] = fp8.to_block_major(row_major[i])
+
+    def layer(x, w_gate, sg, w_up, su, w_down, sd, rw, cu):
+        y = experts(x, w_gate, sg, w_up, su, w_down, sd, rw, cu)
+        return y, moonep_ops.grouped_gemm(y, w_gate, cu, w_scale=sg)
+
+    counter = CompileCounterWithBackend(backend)
+    y, gate = torch.compile(layer, backend=counter, fullgraph=True)(*blocked)
+    assert_no_graph_breaks()
+    assert counter.frame_count == 1
+    assert gate.shape == (x.shape[0], 384)
+    eager_y, eager_gate = layer(*row_major)
+    assert torch.equal(y, eager_y) and torch.equal(gate, eager_gate)

@@ -8,7 +8,7 @@ has them registered.
 
 import torch
 
-from moonep_ops import checks
+from moonep_ops import checks, fp8
 from moonep_ops.schemas import NAMESPACE, lib
 
 
@@ -63,7 +63,7 @@ def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out):
 @_fake("grouped_gemm_fp8")
 def grouped_gemm_fp8(a, w, w_scale, cu_seqlens):
     checks.check_grouped_gemm_fp8("grouped_gemm_fp8", a, w, w_scale, cu_seqlens)
-    return a.new_empty((a.shape[0], w.shape[1]))
+    return a.new_empty((a.shape[0], fp8.weight_dims(w)[1]))
 
 
 @_fake("grouped_gemm_fp8_out")

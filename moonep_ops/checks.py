@@ -436,13 +436,48 @@ def _check_fp8_weight_dtype(op_name: str, name: str, w: torch.Tensor) -> None:
     )
 
 
+_BLOCK_MAJOR = f"[G, N/{fp8.BLOCK}, K/{fp8.BLOCK}, {fp8.BLOCK}, {fp8.BLOCK}]"
+
+
+def _fp8_weight_desc(w: torch.Tensor) -> str:
+    """``w``'s layout and shape, with its ``[G, N, K]`` when it is block-major."""
+    if fp8.is_block_major(w):
+        return f"block-major {_BLOCK_MAJOR} = {_shape(w)} ([G, N, K] = {list(fp8.weight_dims(w))})"
+    return f"[G, N, K] = {_shape(w)}"
+
+
+def _block_major_dims(w: torch.Tensor) -> str:
+    return f" (block-major: [G, N, K] = {list(fp8.weight_dims(w))})" if fp8.is_block_major(w) else ""
+
+
+def _check_fp8_weight_shape(op_name: str, w_name: str, w: torch.Tensor) -> None:
+    """``w [G, N, K]``, or block-major ``[G, N/128, K/128, 128, 128]``; G >= 1."""
+    _check(
+        w.dim() == 3 or (w.dim() == 5 and w.shape[3] == fp8.BLOCK and w.shape[4] == fp8.BLOCK),
+        _fail(op_name, lambda: f"{w_name} must be 3-D [G, N, K] or block-major 5-D {_BLOCK_MAJOR}, "
+              f"got shape {_shape(w)}"),
+    )
+    _check(w.shape[0] >= 1, _fail(op_name, lambda: f"{w_name} must have G >= 1 groups, got shape {_shape(w)}"))
+
+
+def _check_fp8_gemm_shapes(op_name: str, a: torch.Tensor, w: torch.Tensor, a_name: str, w_name: str) -> None:
+    """``a [NvS, K]`` against an FP8 weight in either layout: ranks, at least one group, the same K."""
+    _check_rank(op_name, a_name, a, "[NvS, K]")
+    _check_fp8_weight_shape(op_name, w_name, w)
+    _check(
+        a.shape[1] == fp8.weight_dims(w)[2],
+        _fail(op_name, lambda: f"{a_name} is [NvS, K] = {_shape(a)} and {w_name} is {_fp8_weight_desc(w)}: K must "
+              f"match (out = {a_name} @ {w_name}[g].T)"),
+    )
+
+
 def _check_fp8_scale(op_name: str, scale_name: str, scale: torch.Tensor, w_name: str, w: torch.Tensor) -> None:
-    """``scale`` is fp32 ``[G, ceil(N/128), ceil(K/128)]`` for ``w [G, N, K]``."""
-    expected = fp8.scale_shape(w.shape)
+    """``scale`` is fp32 ``[G, ceil(N/128), ceil(K/128)]`` for ``w [G, N, K]`` (either layout)."""
+    expected = fp8.scale_shape(fp8.weight_dims(w))
     _check(
         scale.dim() == 3 and all(s == e for s, e in zip(scale.shape, expected)),
         _fail(op_name, lambda: f"{scale_name} has shape {_shape(scale)}, expected [G, ceil(N/128), ceil(K/128)] = "
-              f"[{', '.join(str(e) for e in expected)}] for {w_name} of shape {_shape(w)}"),
+              f"[{', '.join(str(e) for e in expected)}] for {w_name} of shape {_shape(w)}{_block_major_dims(w)}"),
     )
     _check(
         scale.dtype == torch.float32,
@@ -456,7 +491,7 @@ def _check_fp8_cuda_layout(op_name: str, w_name: str, w: torch.Tensor, scale_nam
     if w.device.type != "cuda":
         return
     _check(
-        w.shape[2] <= 1 or w.stride(2) == 1,
+        w.shape[-1] <= 1 or w.stride(-1) == 1,
         _fail(op_name, lambda: f"{w_name} must have its K dimension contiguous on CUDA ({w_name}.stride(-1) == 1), "
               f"got shape {_shape(w)} with strides {list(w.stride())}"),
     )
@@ -479,10 +514,10 @@ def _check_fp8_weight(op_name: str, w_name: str, w: torch.Tensor, scale_name: st
 def check_grouped_gemm_fp8(op_name: str, a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                            cu_seqlens: torch.Tensor, *, a_name: str = "a", w_name: str = "w",
                            scale_name: str = "w_scale") -> None:
-    """``a [NvS, K]`` bf16/fp16, ``w [G, N, K]`` e4m3fn, ``w_scale [G, ceil(N/128), ceil(K/128)]``
-    fp32, ``cu_seqlens [G]`` int32."""
+    """``a [NvS, K]`` bf16/fp16, ``w [G, N, K]`` (or block-major) e4m3fn, ``w_scale [G,
+    ceil(N/128), ceil(K/128)]`` fp32, ``cu_seqlens [G]`` int32."""
     _check_tensors(op_name, **{a_name: a, w_name: w, scale_name: w_scale, "cu_seqlens": cu_seqlens})
-    _check_gemm_shapes(op_name, a, w, a_name, w_name)
+    _check_fp8_gemm_shapes(op_name, a, w, a_name, w_name)
     _check_fp8_activations(op_name, a_name, a)
     _check_fp8_weight(op_name, w_name, w, scale_name, w_scale, a_name, a)
     _check_same_device(op_name, a_name, a, cu_seqlens=cu_seqlens)
@@ -498,16 +533,21 @@ def check_experts_fp8(op_name: str, x, w_gate, w_gate_scale, w_up, w_up_scale, w
     check_grouped_gemm_fp8(op_name, x, w_gate, w_gate_scale, cu_seqlens, a_name="x", w_name="w_gate",
                            scale_name="w_gate_scale")
     _check(
-        w_up.dim() == 3 and all(u == g for u, g in zip(w_up.shape, w_gate.shape)),
+        w_up.dim() == w_gate.dim() and all(u == g for u, g in zip(w_up.shape, w_gate.shape)),
         _fail(op_name, lambda: f"w_up has shape {_shape(w_up)} but w_gate has shape {_shape(w_gate)}; "
-              "they must match ([G, I, H])"),
+              "they must match ([G, I, H], or both block-major)"),
     )
     _check_fp8_weight(op_name, "w_up", w_up, "w_up_scale", w_up_scale, "x", x)
-    expected = (w_gate.shape[0], x.shape[1], w_gate.shape[1])
+    g, inter, hidden = fp8.weight_dims(w_gate)
+    if fp8.is_block_major(w_gate):  # the three weights in one layout
+        layout = f"block-major [G, H/{fp8.BLOCK}, I/{fp8.BLOCK}, {fp8.BLOCK}, {fp8.BLOCK}]"
+        expected = (g, x.shape[1] // fp8.BLOCK, inter // fp8.BLOCK, fp8.BLOCK, fp8.BLOCK)
+    else:
+        layout, expected = "[G, H, I]", (g, x.shape[1], inter)
     _check(
-        w_down.dim() == 3 and all(d == e for d, e in zip(w_down.shape, expected)),
-        _fail(op_name, lambda: f"w_down must be [G, H, I] = [{', '.join(str(e) for e in expected)}] "
-              f"(G, I from w_gate, H from x), got shape {_shape(w_down)}"),
+        w_down.dim() == len(expected) and all(d == e for d, e in zip(w_down.shape, expected)),
+        _fail(op_name, lambda: f"w_down must be {layout} = [{', '.join(str(e) for e in expected)}] "
+              f"(G, I and the layout from w_gate, H from x), got shape {_shape(w_down)}"),
     )
     _check_fp8_weight(op_name, "w_down", w_down, "w_down_scale", w_down_scale, "x", x)
     _check_same_device(op_name, "x", x, route_weights=route_weights)
@@ -516,7 +556,7 @@ def check_experts_fp8(op_name: str, x, w_gate, w_gate_scale, w_up, w_up_scale, w
 
 def check_grouped_gemm_fp8_out(op_name: str, a, w, w_scale, cu_seqlens, out) -> None:
     check_grouped_gemm_fp8(op_name, a, w, w_scale, cu_seqlens)
-    check_out(op_name, out, (a.shape[0], w.shape[1]), a.dtype, a.device)
+    check_out(op_name, out, (a.shape[0], fp8.weight_dims(w)[1]), a.dtype, a.device)
 
 
 def check_experts_fp8_out(op_name: str, x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale,

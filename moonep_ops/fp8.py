@@ -24,6 +24,13 @@ tested against them.
   rule; then the down GEMM by the GEMM rule, rounded to ``x``'s dtype.
 
 Rows at or past ``cu_seqlens[-1]`` are never read and come out as zeros, as in every op.
+
+Block-major weights: the ops also take a weight as ``[G, N/128, K/128, 128, 128]``, block
+``(i, j)`` of group ``g`` (the block of ``scale[g, i, j]``) in ``w[g, i, j]``
+(:func:`to_block_major`; N and K multiples of 128). The values and results are the same; on CUDA
+each 128 x 128 block is then 16 KiB of consecutive bytes, which the GEMMs stream from DRAM faster
+than 128 rows of 128 bytes (docs/fp8.md). A group's blocks stay in one contiguous ``w[g]``, so
+copying experts by group works in either layout.
 """
 
 import torch
@@ -34,8 +41,8 @@ BLOCK = 128
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 
-__all__ = ["BLOCK", "FP8_DTYPE", "FP8_MAX", "num_blocks", "scale_shape", "quantize_weight",
-           "dequantize_weight", "quantize_rows"]
+__all__ = ["BLOCK", "FP8_DTYPE", "FP8_MAX", "num_blocks", "scale_shape", "weight_dims", "is_block_major",
+           "to_block_major", "from_block_major", "quantize_weight", "dequantize_weight", "quantize_rows"]
 
 
 def num_blocks(size):
@@ -47,6 +54,38 @@ def scale_shape(weight_shape) -> tuple:
     """The scale shape ``[G, ceil(N/128), ceil(K/128)]`` of a weight ``[G, N, K]``."""
     g, n, k = weight_shape
     return (g, num_blocks(n), num_blocks(k))
+
+
+def is_block_major(w: torch.Tensor) -> bool:
+    """Whether ``w`` is a block-major weight ``[G, N/128, K/128, 128, 128]`` (else ``[G, N, K]``)."""
+    return w.dim() == 5
+
+
+def weight_dims(w: torch.Tensor) -> tuple:
+    """``(G, N, K)`` of a weight in either layout (symbolic sizes too)."""
+    if is_block_major(w):
+        g, n_blocks, k_blocks = w.shape[:3]
+        return (g, n_blocks * BLOCK, k_blocks * BLOCK)
+    return tuple(w.shape)
+
+
+def to_block_major(w: torch.Tensor) -> torch.Tensor:
+    """``w [G, N, K]`` -> contiguous ``[G, N/128, K/128, 128, 128]`` (block ``(i, j)`` of group
+    ``g`` is ``w[g, 128i:128i+128, 128j:128j+128]``); N and K must be multiples of 128."""
+    if w.dim() != 3 or w.shape[1] % BLOCK or w.shape[2] % BLOCK:
+        raise ValueError(f"to_block_major: w must be [G, N, K] with N and K multiples of {BLOCK}, "
+                         f"got shape {list(w.shape)}")
+    g, n, k = w.shape
+    return w.reshape(g, n // BLOCK, BLOCK, k // BLOCK, BLOCK).transpose(2, 3).contiguous()
+
+
+def from_block_major(w: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`to_block_major`: contiguous ``[G, N, K]``."""
+    if not is_block_major(w) or w.shape[3] != BLOCK or w.shape[4] != BLOCK:
+        raise ValueError(f"from_block_major: w must be [G, N/{BLOCK}, K/{BLOCK}, {BLOCK}, {BLOCK}], "
+                         f"got shape {list(w.shape)}")
+    g, n_blocks, k_blocks = w.shape[:3]
+    return w.transpose(2, 3).reshape(g, n_blocks * BLOCK, k_blocks * BLOCK)
 
 
 def _divide_or_zero(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -97,7 +136,10 @@ def quantize_weight(w: torch.Tensor) -> tuple:
 
 
 def dequantize_weight(w_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``w_fp8[g, n, k] * scale[g, n // 128, k // 128]`` in fp32, ``[G, N, K]``."""
+    """``w_fp8[g, n, k] * scale[g, n // 128, k // 128]`` in fp32, ``[G, N, K]`` (``w_fp8`` in
+    either layout)."""
+    if is_block_major(w_fp8):
+        w_fp8 = from_block_major(w_fp8)
     if w_fp8.dim() != 3 or tuple(scale.shape) != scale_shape(w_fp8.shape):
         raise ValueError(f"dequantize_weight: expected w [G, N, K] and scale [G, ceil(N/128), ceil(K/128)], "
                          f"got w {list(w_fp8.shape)} and scale {list(scale.shape)}")

@@ -221,7 +221,8 @@ def run_all_ops(rows, k, n, g, dtype) -> None:
 
 def run_fp8_ops(rows, k, n, g, dtype) -> None:
     """The FP8 ops (sm89+, bf16/fp16 rows) once with and once without route weights: the row
-    quantization and both FP8 GEMMs of the experts op, and the plain FP8 GEMM."""
+    quantization and both FP8 GEMMs of the experts op, and the plain FP8 GEMM; for bf16 rows, the
+    experts op (with route weights) and the plain GEMM on block-major weights too."""
     from moonep_ops.fp8 import scale_shape
 
     cu = torch.linspace(rows // (2 * g), rows // 2, g).to(torch.int32)
@@ -231,6 +232,12 @@ def run_fp8_ops(rows, k, n, g, dtype) -> None:
     for rw in (torch.empty(rows, dtype=torch.float32), None):
         cuda.experts_fp8_out(x, w_gate, s_gate, w_up, s_up, w_down, s_down, rw, cu, _empty(rows, k, dtype=dtype))
     cuda.grouped_gemm_fp8(x, w_gate, s_gate, cu)
+    if dtype == torch.bfloat16 and k % 128 == 0 and n % 128 == 0:
+        b_gate, b_up = (_empty(g, n // 128, k // 128, 128, 128, dtype=torch.float8_e4m3fn) for _ in range(2))
+        b_down = _empty(g, k // 128, n // 128, 128, 128, dtype=torch.float8_e4m3fn)
+        cuda.experts_fp8_out(x, b_gate, s_gate, b_up, s_up, b_down, s_down, torch.empty(rows, dtype=torch.float32),
+                             cu, _empty(rows, k, dtype=dtype))
+        cuda.grouped_gemm_fp8(x, b_gate, s_gate, cu)
 
 
 # Gluon configs the GPU tests force, whether or not the table picks them for PROBLEMS:

@@ -824,7 +824,7 @@ class TestGroupedGemmFp8BadInput(BadInputCase):
             """moonep::grouped_gemm_fp8: a is [NvS, K] = [8, 15] and w is [G, N, K] = [3, 12, 16]: K must match (out = a @ w[g].T)""")
         self.assertExpectedInline(
             self.raises(gg8, a, w[0], s, cu),
-            """moonep::grouped_gemm_fp8: w must be 3-D [G, N, K], got shape [12, 16]""")
+            """moonep::grouped_gemm_fp8: w must be 3-D [G, N, K] or block-major 5-D [G, N/128, K/128, 128, 128], got shape [12, 16]""")
         self.assertExpectedInline(
             self.raises(gg8, a, w, s, _cu((3, 6))),
             """moonep::grouped_gemm_fp8: cu_seqlens has 2 entries but w has G = 3 groups (w.shape[0]); they must match""")
@@ -882,22 +882,59 @@ class TestGroupedGemmFp8BadInput(BadInputCase):
             """moonep::grouped_gemm_fp8_out: out overlaps w_scale in memory; out must not share memory with any input (pass a separate buffer)""")
 
 
+    def test_block_major(self):
+        """Block-major weights ``[G, N/128, K/128, 128, 128]``: blocks of another size, K against
+        ``a``, scales against the weight's ``[G, N, K]``, out against its N."""
+        a = torch.randn(NVS, 256, dtype=torch.bfloat16)
+        w = torch.zeros(G, 3, 2, 128, 128, dtype=FP8)
+        s = torch.ones(G, 3, 2)
+        self.assertExpectedInline(
+            self.raises(gg8, a, w[..., :64], s, _cu()),
+            """moonep::grouped_gemm_fp8: w must be 3-D [G, N, K] or block-major 5-D [G, N/128, K/128, 128, 128], got shape [3, 3, 2, 128, 64]""")
+        self.assertExpectedInline(
+            self.raises(gg8, a[:, :128], w, s, _cu()),
+            """moonep::grouped_gemm_fp8: a is [NvS, K] = [8, 128] and w is block-major [G, N/128, K/128, 128, 128] = [3, 3, 2, 128, 128] ([G, N, K] = [3, 384, 256]): K must match (out = a @ w[g].T)""")
+        self.assertExpectedInline(
+            self.raises(gg8, a, w, s[:, :2], _cu()),
+            """moonep::grouped_gemm_fp8: w_scale has shape [3, 2, 2], expected [G, ceil(N/128), ceil(K/128)] = [3, 3, 2] for w of shape [3, 3, 2, 128, 128] (block-major: [G, N, K] = [3, 384, 256])""")
+        self.assertExpectedInline(
+            self.raises(gg8_out, a, w, s, _cu(), torch.empty(NVS, 256, dtype=torch.bfloat16)),
+            """moonep::grouped_gemm_fp8_out: out has shape [8, 256], expected [8, 384]""")
+
+
 class TestExpertsFp8BadInput(BadInputCase):
     def test_shapes(self):
         args = _experts8_args()
         x, wg, sg, wu, su, wd, sd, rw, cu = args
         self.assertExpectedInline(
             self.raises(experts8, *_replaced(args, w_up=wu[:, :N - 1])),
-            """moonep::experts_fp8: w_up has shape [3, 11, 16] but w_gate has shape [3, 12, 16]; they must match ([G, I, H])""")
+            """moonep::experts_fp8: w_up has shape [3, 11, 16] but w_gate has shape [3, 12, 16]; they must match ([G, I, H], or both block-major)""")
         self.assertExpectedInline(
             self.raises(experts8, *_replaced(args, w_down=wg, w_down_scale=sg)),
-            """moonep::experts_fp8: w_down must be [G, H, I] = [3, 16, 12] (G, I from w_gate, H from x), got shape [3, 12, 16]""")
+            """moonep::experts_fp8: w_down must be [G, H, I] = [3, 16, 12] (G, I and the layout from w_gate, H from x), got shape [3, 12, 16]""")
         self.assertExpectedInline(
             self.raises(experts8, *_replaced(args, w_down_scale=torch.ones(G, 2, 1))),
             """moonep::experts_fp8: w_down_scale has shape [3, 2, 1], expected [G, ceil(N/128), ceil(K/128)] = [3, 1, 1] for w_down of shape [3, 16, 12]""")
         self.assertExpectedInline(
             self.raises(experts8, *_replaced(args, route_weights=rw[:NVS - 1])),
             """moonep::experts_fp8: route_weights must be [NvS] = [8] (one per row of x), got shape [7]""")
+
+    def test_block_major_layouts_match(self):
+        """The three weights in one layout: block-major gate with a row-major up or down."""
+        x = torch.randn(NVS, 256, dtype=torch.bfloat16)
+        gate = up = (torch.zeros(G, 3, 2, 128, 128, dtype=FP8), torch.ones(G, 3, 2))
+        down = (torch.zeros(G, 2, 3, 128, 128, dtype=FP8), torch.ones(G, 2, 3))
+        args = (x, *gate, *up, *down, torch.rand(NVS), _cu())
+        experts8(*args)  # the valid call
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, w_up=torch.zeros(G, 384, 256, dtype=FP8))),
+            """moonep::experts_fp8: w_up has shape [3, 384, 256] but w_gate has shape [3, 3, 2, 128, 128]; they must match ([G, I, H], or both block-major)""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, w_down=torch.zeros(G, 256, 384, dtype=FP8))),
+            """moonep::experts_fp8: w_down must be block-major [G, H/128, I/128, 128, 128] = [3, 2, 3, 128, 128] (G, I and the layout from w_gate, H from x), got shape [3, 256, 384]""")
+        self.assertExpectedInline(
+            self.raises(experts8, *_replaced(args, w_down=torch.zeros(G, 3, 2, 128, 128, dtype=FP8))),
+            """moonep::experts_fp8: w_down must be block-major [G, H/128, I/128, 128, 128] = [3, 2, 3, 128, 128] (G, I and the layout from w_gate, H from x), got shape [3, 3, 2, 128, 128]""")
 
     def test_dtypes(self):
         args = _experts8_args()

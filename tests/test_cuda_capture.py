@@ -177,18 +177,24 @@ FP8_LAYOUT_B = Layout("fp8_capture_b", (0, 384, 0, 7, 0, 200), NVS, k=256, n=384
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="FP8 needs sm89+")
+@pytest.mark.parametrize("block_major", [False, True], ids=["row_major", "block_major"])
 @pytest.mark.parametrize("with_weights", [True, False])
-def test_experts_fp8_graph_replay_with_new_routing_and_no_sync(with_weights):
+def test_experts_fp8_graph_replay_with_new_routing_and_no_sync(with_weights, block_major):
     """Captured once, replayed with new segments, rows and route weights each step: matches the
-    eager call bitwise and the float64 reference; the tail is zero; no call syncs the host."""
+    eager call bitwise and the float64 reference; the tail is zero; no call syncs the host. The
+    weights row-major or block-major (the reference reads the row-major ones)."""
+    from moonep_ops import fp8
+
     from .layouts import fp8_experts_inputs
     from .test_fp8 import CUDA_EXPERTS_TOLERANCE, ref_experts_fp8
 
-    def flat(inputs):  # (x, scaled weights..., cu, rw) -> the op's argument order
-        x, gate, up, down, cu, rw = inputs
-        return [x, *gate, *up, *down, rw, cu]
+    def flat(inputs, layout=lambda w: w):  # (x, scaled weights..., cu, rw) -> the op's argument order
+        x, (wg, sg), (wu, su), (wd, sd), cu, rw = inputs
+        return [x, layout(wg), sg, layout(wu), su, layout(wd), sd, rw, cu]
 
-    args = flat(fp8_experts_inputs(FP8_LAYOUT_A, torch.bfloat16, "cuda", with_weights=with_weights))
+    weights = fp8.to_block_major if block_major else (lambda w: w)
+
+    args = flat(fp8_experts_inputs(FP8_LAYOUT_A, torch.bfloat16, "cuda", with_weights=with_weights), weights)
     out = torch.empty_like(args[0])
 
     def step(x, wg, sg, wu, su, wd, sd, rw, cu):
@@ -200,12 +206,13 @@ def test_experts_fp8_graph_replay_with_new_routing_and_no_sync(with_weights):
         step(*args)  # a warm eager call syncs nothing
     graph, _ = _capture(step, *args)
     for layout in (FP8_LAYOUT_B, FP8_LAYOUT_A, FP8_LAYOUT_B):
-        new = flat(fp8_experts_inputs(layout, torch.bfloat16, "cuda", with_weights=with_weights))
+        inputs = fp8_experts_inputs(layout, torch.bfloat16, "cuda", with_weights=with_weights)
+        new = flat(inputs, weights)
         _copy_into(args, new)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         eager = torch.ops.moonep.experts_fp8(*new)
         assert torch.equal(out, eager)
-        assert rel_err(out, ref_experts_fp8(*new)) <= CUDA_EXPERTS_TOLERANCE
+        assert rel_err(out, ref_experts_fp8(*flat(inputs))) <= CUDA_EXPERTS_TOLERANCE
         assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))

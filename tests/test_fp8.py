@@ -243,6 +243,81 @@ def test_experts_fp8_on_moonep_decode(monkeypatch, device):
         assert torch.equal(torch.ops.moonep.experts_fp8(*args), out)
 
 
+# --- block-major weights ---------------------------------------------------------------------------
+
+# Layouts whose H and I are multiples of 128 (block-major weights need them)
+BLOCK_MAJOR_LAYOUTS = [LAYOUTS[LAYOUT_IDS.index("multiples_of_128")], MOONEP_DECODE,
+                       Layout("three_k_blocks", (70, 0, 1, 200), 300, k=384, n=256)]
+
+
+def _block_major(args):
+    """The experts op's arguments with its three weights block-major."""
+    x, wg, sg, wu, su, wd, sd, rw, cu = args
+    return (x, fp8.to_block_major(wg), sg, fp8.to_block_major(wu), su, fp8.to_block_major(wd), sd, rw, cu)
+
+
+def test_block_major_layout():
+    w = torch.randn(2, 256, 384)
+    blocked = fp8.to_block_major(w)
+    assert blocked.shape == (2, 2, 3, 128, 128) and blocked.is_contiguous()
+    assert torch.equal(blocked[1, 1, 2], w[1, 128:, 256:])
+    assert torch.equal(fp8.from_block_major(blocked), w)
+    assert fp8.weight_dims(blocked) == fp8.weight_dims(w) == (2, 256, 384)
+    q, scale = fp8.quantize_weight(w)
+    assert torch.equal(fp8.dequantize_weight(fp8.to_block_major(q), scale), fp8.dequantize_weight(q, scale))
+    with pytest.raises(ValueError, match="multiples of 128"):
+        fp8.to_block_major(torch.zeros(1, 100, 128))
+    with pytest.raises(ValueError, match=r"must be \[G, N/128"):
+        fp8.from_block_major(torch.zeros(1, 2, 2, 128, 64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", BLOCK_MAJOR_LAYOUTS, ids=[layout.name for layout in BLOCK_MAJOR_LAYOUTS])
+def test_block_major_weights(layout, device):
+    """Block-major weights: the reference's result, and the row-major call's bit for bit (the
+    same values in the same order), through every op and the public API."""
+    args = _experts_args(layout, torch.bfloat16, device)
+    if layout.padded_to > 1:
+        zero_padding_rows(layout, args[-2])
+    x, wg, sg, wu, su, wd, sd, rw, cu = blocked = _block_major(args)
+    out = torch.ops.moonep.experts_fp8(*blocked)
+    _check(out, ref_experts_fp8(*args), layout, torch.bfloat16, device, _experts_tolerance(device))
+    assert torch.equal(out, torch.ops.moonep.experts_fp8(*args))
+    into = _nan_like(x.shape, x.dtype, device)
+    torch.ops.moonep.experts_fp8_out(*blocked, into)
+    assert torch.equal(into, out)
+    public = moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, w_gate_scale=sg, w_up_scale=su, w_down_scale=sd)
+    assert torch.equal(public, out)
+    gemm = torch.ops.moonep.grouped_gemm_fp8(x, wg, sg, cu)
+    _check(gemm, ref_grouped_gemm_fp8(x, args[1], sg, cu), layout, torch.bfloat16, device)
+    assert torch.equal(gemm, torch.ops.moonep.grouped_gemm_fp8(x, args[1], sg, cu))
+    into = _nan_like((layout.nvs, layout.n), x.dtype, device)
+    moonep_ops.grouped_gemm(x, wg, cu, w_scale=sg, out=into)
+    assert torch.equal(into, gemm)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_block_major_weights(device):
+    """Block-major weights whose blocks are not back to back (a view of a wider buffer; on CUDA the
+    pointer path of the Triton kernel): the same output as contiguous ones."""
+    layout = BLOCK_MAJOR_LAYOUTS[-1]
+    args = _block_major(_experts_args(layout, torch.bfloat16, device))
+
+    def strided(w):
+        wide = torch.zeros(*w.shape[:4], 192, dtype=w.dtype, device=w.device)
+        wide[..., :128] = w
+        return wide[..., :128]
+
+    views = list(args)
+    for i in (1, 3, 5):
+        views[i] = strided(args[i])
+        assert not views[i].is_contiguous()
+    assert torch.equal(torch.ops.moonep.experts_fp8(*views), torch.ops.moonep.experts_fp8(*args))
+    x, cu = args[0], args[-1]
+    assert torch.equal(torch.ops.moonep.grouped_gemm_fp8(x, views[1], args[2], cu),
+                       torch.ops.moonep.grouped_gemm_fp8(x, args[1], args[2], cu))
+
+
 # The Gluon FP8 configs (sm90), each forced whatever the table picks: 64-row items on split rings
 # (with the idle-tile skip), 128-row items split between the consumers (with and without the
 # idle-upper-half skip of lone tiles). Layouts whose sizes TMA cannot address run the Triton kernel.
@@ -285,13 +360,20 @@ def test_gluon_fp8_configs(monkeypatch, layout, config):
     args = _experts_args(layout, torch.bfloat16, "cuda")
     if layout.padded_to > 1:
         zero_padding_rows(layout, args[-2])
-    _check(torch.ops.moonep.experts_fp8(*args), ref_experts_fp8(*args), layout, torch.bfloat16, "cuda",
-           CUDA_EXPERTS_TOLERANCE)
+    out = torch.ops.moonep.experts_fp8(*args)
+    _check(out, ref_experts_fp8(*args), layout, torch.bfloat16, "cuda", CUDA_EXPERTS_TOLERANCE)
     x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
-    _check(torch.ops.moonep.grouped_gemm_fp8(x, w_gate, scale, cu), ref_grouped_gemm_fp8(x, w_gate, scale, cu),
-           layout, torch.bfloat16, "cuda")
+    gemm = torch.ops.moonep.grouped_gemm_fp8(x, w_gate, scale, cu)
+    _check(gemm, ref_grouped_gemm_fp8(x, w_gate, scale, cu), layout, torch.bfloat16, "cuda")
     if layout.k % 16 == 0 and layout.n % 16 == 0 and layout.nvs:  # every operand TMA-addressable
         assert sorted(set(picked)) == [False, True], "the forced configs did not reach both GEMMs"
+    if layout.k % 128 == 0 and layout.n % 128 == 0:  # block-major weights: the same loads, bit for bit
+        picked.clear()
+        blocked = _block_major(args)
+        assert torch.equal(torch.ops.moonep.experts_fp8(*blocked), out)
+        assert torch.equal(torch.ops.moonep.grouped_gemm_fp8(x, blocked[1], scale, cu), gemm)
+        if layout.nvs:
+            assert sorted(set(picked)) == [False, True], "block-major weights did not reach both Gluon GEMMs"
 
 
 @pytest.mark.parametrize("device", DEVICES[1:])

@@ -14,10 +14,11 @@ fewer layouts, as backward doubles the cost) and the backward ops.
 import pytest
 import torch
 
+from moonep_ops import fp8
 from moonep_ops.schemas import SCHEMAS
 
 from .conftest import DEVICES
-from .layouts import LAYOUTS, experts_inputs, fp8_experts_inputs, grouped_gemm_inputs, silu_mul_weight_inputs
+from .layouts import LAYOUTS, Layout, experts_inputs, fp8_experts_inputs, grouped_gemm_inputs, silu_mul_weight_inputs
 
 # The checks opcheck runs by default; all of them must run and pass.
 DEFAULT_CHECKS = {"test_schema", "test_autograd_registration", "test_faketensor",
@@ -93,15 +94,19 @@ FP8_OP_CASES = {
     "experts_fp8_no_weights": "experts_fp8",
     "experts_fp8_out": "experts_fp8_out",
 }
+# Block-major weights ([G, N/128, K/128, 128, 128]) need H and I multiples of 128.
+BLOCK_MAJOR = Layout("block_major", (70, 0, 9), 90, k=256, n=128)
 FP8_CASES = [pytest.param(layout, torch.bfloat16, id=f"{layout.name}-bf16") for layout in LAYOUTS] + [
     pytest.param(layout, torch.float16, id=f"{layout.name}-fp16")
     for layout in LAYOUTS if layout.name == "moonep_padded"
-]
+] + [pytest.param(BLOCK_MAJOR, torch.bfloat16, id="block_major-bf16")]
 
 
 def _fp8_sample(case, layout, dtype, device):
     op = getattr(torch.ops.moonep, FP8_OP_CASES[case]).default
     x, gate, up, down, cu, rw = fp8_experts_inputs(layout, dtype, device, with_weights=not case.endswith("_no_weights"))
+    if layout is BLOCK_MAJOR:
+        gate, up, down = ((fp8.to_block_major(w), scale) for w, scale in (gate, up, down))
     if case.startswith("grouped_gemm"):
         args = (x, *gate, cu)  # x [NvS, H] against w_gate [G, I, H]
         if case.endswith("_out"):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import checks
-from ..fp8 import BLOCK, quantize_rows
+from ..fp8 import BLOCK, from_block_major, is_block_major, quantize_rows, weight_dims
 from ..schemas import SCHEMAS, lib
 
 
@@ -154,13 +154,18 @@ def _fp8_gemm_into(q, s, w, w_scale, cu_seqlens, out) -> None:
     out[end:].zero_()
 
 
+def _row_major(w: torch.Tensor) -> torch.Tensor:
+    """A weight ``[G, N, K]`` (a copy of a block-major one: the same values)."""
+    return from_block_major(w) if is_block_major(w) else w
+
+
 def _live_rows(cu_seqlens) -> int:
     return int(cu_seqlens[-1])
 
 
 def grouped_gemm_fp8(a, w, w_scale, cu_seqlens):
     _validate(checks.check_grouped_gemm_fp8, "grouped_gemm_fp8", cu_seqlens, a, w, w_scale, cu_seqlens)
-    out = torch.empty((a.shape[0], w.shape[1]), dtype=a.dtype, device=a.device)
+    out = torch.empty((a.shape[0], weight_dims(w)[1]), dtype=a.dtype, device=a.device)
     _grouped_gemm_fp8_into(a, w, w_scale, cu_seqlens, out)
     return out
 
@@ -173,7 +178,7 @@ def grouped_gemm_fp8_out(a, w, w_scale, cu_seqlens, out) -> None:
 
 def _grouped_gemm_fp8_into(a, w, w_scale, cu_seqlens, out) -> None:
     q, s = quantize_rows(a[:_live_rows(cu_seqlens)])
-    _fp8_gemm_into(q, s, w, w_scale, cu_seqlens, out)
+    _fp8_gemm_into(q, s, _row_major(w), w_scale, cu_seqlens, out)
 
 
 def experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens):
@@ -194,6 +199,7 @@ def experts_fp8_out(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_sc
 
 def _experts_fp8_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights,
                       cu_seqlens, out) -> None:
+    w_gate, w_up, w_down = _row_major(w_gate), _row_major(w_up), _row_major(w_down)
     # x is quantized (read in full) before out is written: out may be x itself.
     q_x, s_x = quantize_rows(x[:_live_rows(cu_seqlens)])
     act = torch.empty((q_x.shape[0], w_gate.shape[1]), dtype=torch.float32, device=x.device)

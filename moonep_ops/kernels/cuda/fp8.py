@@ -16,7 +16,7 @@ import functools
 import torch
 
 from ... import checks, flags
-from ...fp8 import num_blocks
+from ...fp8 import is_block_major, num_blocks, weight_dims
 from .paths import capability_of, contiguous, gluon_host, gluon_wanted, on_device
 
 
@@ -55,10 +55,16 @@ def choose_gluon(a, w, w_up, out):
     None where TMA cannot address the operands."""
     from ..gluon import config
     from ..triton.grouped_gemm import tma_addressable, tma_usable
+    from ..triton.grouped_gemm_fp8 import tma_weights
 
-    if not (tma_usable(a, *((w,) if w_up is None else (w, w_up))) and tma_addressable(out)):
+    weights = (w,) if w_up is None else (w, w_up)
+    if is_block_major(w):
+        usable = tma_addressable(a) and a.numel() > 0 and all(tma_weights(t) for t in weights)
+    else:
+        usable = tma_usable(a, *weights)
+    if not (usable and tma_addressable(out)):
         return None
-    return config.gluon_fp8_config(w.shape[1], a.shape[1], a.shape[0], w_up is not None, groups=w.shape[0])
+    return config.gluon_fp8_config(weight_dims(w)[1], a.shape[1], a.shape[0], w_up is not None, groups=w.shape[0])
 
 
 def _gemm(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_scale, gluon: bool, *,
@@ -106,7 +112,7 @@ def gemm_into(a, w, w_scale, cu_seqlens, out, key=None) -> None:
 def experts_into(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
                  out, key=None) -> None:
     cu = contiguous(cu_seqlens)
-    num_rows, inter = x.shape[0], w_gate.shape[1]
+    num_rows, inter = x.shape[0], weight_dims(w_gate)[1]
     if inter == 0:  # no act: every output row is an empty sum
         out.zero_()
         return
@@ -131,7 +137,7 @@ def _empty(shape, like: torch.Tensor) -> torch.Tensor:
 
 def grouped_gemm_fp8(a, w, w_scale, cu_seqlens):
     key = _validate(checks.check_grouped_gemm_fp8, "grouped_gemm_fp8", cu_seqlens, a, w, w_scale, cu_seqlens)
-    out = _empty((a.shape[0], w.shape[1]), a)
+    out = _empty((a.shape[0], weight_dims(w)[1]), a)
     with on_device(a):
         _gemm_or_zeros(a, w, w_scale, cu_seqlens, out, key)
     return out

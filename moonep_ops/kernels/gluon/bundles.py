@@ -190,7 +190,9 @@ class Tiling:
 @aggregate
 class Features:
     """The kernel's switches (the entry's flags of the same names; ``CONSUMER_TAIL`` and
-    ``PRODUCER_TAIL``: who zeroes the tail rows, if anyone) and the handoff's bound on polls."""
+    ``PRODUCER_TAIL``: who zeroes the tail rows, if anyone), the handoff's bound on polls, and
+    ``BLOCK_MAJOR``: the weights are block-major FP8 (:mod:`moonep_ops.fp8`), their descriptors
+    ``[G*N*K/128, 128]`` matrices."""
     FP8: gl.constexpr
     FUSED: gl.constexpr
     HAS_WEIGHTS: gl.constexpr
@@ -205,10 +207,12 @@ class Features:
     SIGNAL_ROWS: gl.constexpr
     HANDOFF: gl.constexpr
     MAX_POLLS: gl.constexpr
+    BLOCK_MAJOR: gl.constexpr
 
     @constexpr_function
     def __init__(self, FP8, FUSED, HAS_WEIGHTS, CONSUMER_TAIL, PRODUCER_TAIL, SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
-                 SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS):
+                 SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS,
+                 BLOCK_MAJOR):
         self.FP8 = _field(FP8)
         self.FUSED = _field(FUSED)
         self.HAS_WEIGHTS = _field(HAS_WEIGHTS)
@@ -223,3 +227,4 @@ class Features:
         self.SIGNAL_ROWS = _field(SIGNAL_ROWS)
         self.HANDOFF = _field(HANDOFF)
         self.MAX_POLLS = _field(MAX_POLLS)
+        self.BLOCK_MAJOR = _field(BLOCK_MAJOR)

@@ -13,6 +13,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...cache import layout_signature
+from ...fp8 import BLOCK, is_block_major, weight_dims
 from .. import launch as direct
 from ..pdl import PdlRole
 from ..triton.grouped_gemm import num_row_tiles, persistent_programs
@@ -70,7 +71,6 @@ def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
     ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue`` chunk for the tail's zeros; and
     ``a`` by half a row tile where the config loads idle tiles' lower halves alone (else None)."""
     zeroed = out if tail_out is None else tail_out
-    g, n, k = w.shape
     epi_n = cfg.epilogue_n or cfg.block_n
     a_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], _GL_DTYPES[a.dtype])
     w_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], _GL_DTYPES[w.dtype])
@@ -78,12 +78,21 @@ def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
     o_layout = gl.NVMMASharedLayout.get_default_for([epi_m, epi_n], _GL_DTYPES[out.dtype])
     z_layout = gl.NVMMASharedLayout.get_default_for([ZERO_ROWS, epi_n], _GL_DTYPES[zeroed.dtype])
     return (TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, cfg.block_k], a_layout),
-            TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k], w_layout),
-            TensorDescriptor(w_up, [g * n, k], [w_up.stride(1), 1], [cfg.block_n, cfg.block_k], w_layout),
+            _weight_descriptor(w, cfg, w_layout), _weight_descriptor(w_up, cfg, w_layout),
             TensorDescriptor(out, list(out.shape), list(out.stride()), [epi_m, epi_n], o_layout),
             TensorDescriptor(zeroed, list(zeroed.shape), list(zeroed.stride()), [ZERO_ROWS, epi_n], z_layout),
             TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m // 2, cfg.block_k], a_layout)
             if half_loads(cfg) else None)
+
+
+def _weight_descriptor(w, cfg: GluonConfig, layout) -> TensorDescriptor:
+    """``w [G, N, K]`` as one ``[G*N, K]`` matrix, or a block-major FP8 weight as one
+    ``[G*N*K/128, 128]`` matrix (contiguous: each 128 x 128 block is 128 consecutive rows)."""
+    if is_block_major(w):
+        flat = w.view(-1, BLOCK)
+        return TensorDescriptor(flat, list(flat.shape), [BLOCK, 1], [cfg.block_n, cfg.block_k], layout)
+    g, n, k = w.shape
+    return TensorDescriptor(w, [g * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k], layout)
 
 
 def _weights_ptr(a, route_weights, idle_weights):
@@ -126,8 +135,9 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
     ``out``'s (the experts op's fused GEMM zeroing the down GEMM's output). ``handoff``: between a
     PDL primary, which signals each row tile of its output, and its dependent, which takes items
     from the counter and waits per row tile. ``scales``: the block scales of e4m3 ``a`` and
-    weights (FP8; the fused GEMM's ``out`` is then e4m3 ``act``)."""
-    g, n, k = w.shape
+    weights (FP8; the fused GEMM's ``out`` is then e4m3 ``act``; ``w`` and ``w_up`` may then be
+    block-major, :mod:`moonep_ops.fp8`)."""
+    g, n, k = weight_dims(w)
     if handoff is not None and role is PdlRole.NONE:
         raise ValueError("the row-tile handoff is between a PDL primary and its dependent")
     if tail_out is not None and zero_tail:
@@ -136,6 +146,8 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
         raise ValueError("skip_idle_tiles: the FP8 GEMMs' 64-row tiles only, without the row-tile handoff")
     if cfg.split_rows and scales is None:
         raise ValueError("split_rows: the FP8 GEMMs only")
+    if is_block_major(w) and (scales is None or cfg.block_n != BLOCK or cfg.block_k != BLOCK):
+        raise ValueError("block-major weights: the FP8 GEMMs' 128 x 128 weight tiles only")
     scale_names = ("a_scale_ptr", "w_scale_ptr", "w_up_scale_ptr", "out_scale_ptr", "stride_asm", "stride_wsg",
                    "stride_wsn", "stride_usg", "stride_usn", "stride_osm")
     return dict(zip(scale_names, _scale_args(a, scales)),
@@ -159,7 +171,7 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
                 MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,
                 SPLIT_RING=cfg.split_ring, SKIP_IDLE_TILES=cfg.skip_idle_tiles, SPLIT_ROWS=cfg.split_rows,
-                num_warps=cfg.num_warps)
+                BLOCK_MAJOR=is_block_major(w), num_warps=cfg.num_warps)
 
 
 def _compile_and_launch(grid, kwargs, role: PdlRole):
@@ -211,7 +223,7 @@ def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role,
     descs = descriptors(a, w, w if w_up is None else w_up, out, cfg, tail)
     kwargs = kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg, descs, zero_tail=zero_tail, role=role,
                          idle_weights=idle_weights, tail_out=tail, handoff=handoff, scales=scales)
-    items = num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(w.shape[1], cfg.block_n)
+    items = num_row_tiles(a.shape[0], w.shape[0], cfg.block_m) * triton.cdiv(weight_dims(w)[1], cfg.block_n)
     grid = (max(1, min(persistent_programs(a.device), items)),)
     kernel = _compile_and_launch(grid, kwargs, role)
     names = gluon_grouped_gemm_kernel.arg_names  # runtime arguments, then the constexprs from BLOCK_M
@@ -256,7 +268,7 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
     if plan is GluonResult.NOT_APPLICABLE:
         return plan
     zeroed = tail_out if plan.result is GluonResult.RAN_AND_ZEROED_TAIL_OUT else out
-    g, n, k = w.shape
+    g, n, k = weight_dims(w)
     plan.launch([a, w, w_up_or_w, out, zeroed, a if plan.half_loads else None, out, rw, cu_seqlens,
                  cu_seqlens if handoff is None else handoff.state, g, a.shape[0], n, k, out.stride(0),
                  zeroed.shape[1], 0 if handoff is None else handoff.flag_target, *_scale_args(a, scales)])

@@ -44,8 +44,15 @@ def _zero_chunk(zero_desc, zero_buf, chunk, tail_lo, col_chunks):
 
 
 @gluon.jit
-def _load_weights(descs, smem, stage, w_row, k0, FUSED: gl.constexpr):
-    """Stage ``stage``'s weight tiles: ``w`` (and ``w_up``)."""
+def _load_weights(descs, smem, problem, features, stage, w_row, k0):
+    """Stage ``stage``'s weight tiles: ``w`` (and ``w_up``), rows ``[w_row, w_row + BLOCK_N)`` of
+    the ``[G*N, K]`` matrix from column ``k0``. Block-major weights (``[G*N*K/128, 128]``, 128 x 128
+    tiles: ``w_row`` and ``k0`` multiples of 128) hold that tile in 128 consecutive rows."""
+    FUSED: gl.constexpr = features.FUSED
+    if features.BLOCK_MAJOR:
+        BLOCK: gl.constexpr = descs.w.block_type.shape[1]
+        w_row = ((w_row // BLOCK) * (problem.K // BLOCK) + k0 // BLOCK) * BLOCK
+        k0 = 0
     tma.async_copy_global_to_shared(descs.w, [w_row, k0], smem.ready.index(stage), smem.w_bufs.index(stage))
     if FUSED:
         tma.async_copy_global_to_shared(descs.w_up, [w_row, k0], smem.ready.index(stage), smem.w_up_bufs.index(stage))
@@ -95,7 +102,7 @@ def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half
                 if k_step == 0:
                     _publish_item(smem.item_ids, stage, item)
             _expect_stage(smem.ready.index(stage), descs, half, features.FUSED, features.HALF_LOADS)
-            _load_weights(descs, smem, stage, w_row, k_step * tiling.BLOCK_K, features.FUSED)
+            _load_weights(descs, smem, problem, features, stage, w_row, k_step * tiling.BLOCK_K)
         if features.HALF_LOADS:
             if half:
                 HALF_M: gl.constexpr = descs.a_half.block_type.shape[0]
@@ -136,8 +143,8 @@ def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps,
                 prefetched = 0  # a skipped item: the next one starts the ring
         for k_step in range(prefetched):
             _expect_stage(smem.ready.index(k_step), descs, half, features.FUSED, features.HALF_LOADS)
-            _load_weights(descs, smem, k_step, group * problem.N + col_tile * tiling.BLOCK_N,
-                          k_step * tiling.BLOCK_K, features.FUSED)
+            _load_weights(descs, smem, problem, features, k_step, group * problem.N + col_tile * tiling.BLOCK_N,
+                          k_step * tiling.BLOCK_K)
     return group, tiles_before, tiles_through, start, end, prefetched
 
 

@@ -28,6 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...cache import layout_signature
+from ...fp8 import is_block_major, weight_dims
 from .. import launch as direct
 from .grouped_gemm import (_register_schedule, _work_item, _zero_tail_item, locate_tile, num_row_tiles, num_sms,
                            persistent_programs, store_tile, SMALL_G_MAX, BLOCK_G)
@@ -68,26 +69,34 @@ def _load_a_block(a_ptr, a_desc, as_ptr, row_lo, rows, row_mask, kb, K, stride_a
 
 
 @triton.jit
-def _load_w_block(w_ptr, w_desc, g, col0, cols, col_mask, kb, N, K, stride_wg, stride_wn, stride_wk,
-                  USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr):
-    """K block ``kb`` of ``w[g]``'s rows ``cols`` (from ``col0``) as a ``[128, BLOCK_N]`` e4m3 tile."""
+def _load_w_block(w_ptr, w_desc, g, col0, cols, col_mask, kb, N, K, strides, USE_TMA: tl.constexpr,
+                  BLOCK_MAJOR: tl.constexpr, BLOCK_N: tl.constexpr):
+    """K block ``kb`` of ``w[g]``'s rows ``cols`` (from ``col0``, within one 128-row block) as a
+    ``[128, BLOCK_N]`` e4m3 tile. ``strides``: group, 128-row block, 128-deep K block, row and K
+    element (a ``[G, N, K]`` weight's make its blocks 128 rows and 128 elements apart)."""
+    stride_g, stride_nb, stride_kb, stride_n, stride_k = strides
     if USE_TMA:
+        if BLOCK_MAJOR:  # ``[G*N*K/128, 128]``: each 128 x 128 block is 128 consecutive rows
+            block = (g * (N // 128) + col0 // 128) * (K // 128) + kb
+            return w_desc.load([block * 128 + col0 % 128, 0]).T
         return w_desc.load([g * N + col0, kb * 128]).T  # ``[G*N, K]`` rows; columns past N are never stored
-    offs_k = kb * 128 + tl.arange(0, 128)
-    ptrs = (w_ptr + g.to(tl.int64) * stride_wg + cols[None, :].to(tl.int64) * stride_wn
-            + offs_k[:, None].to(tl.int64) * stride_wk)
-    return tl.load(ptrs, mask=(offs_k < K)[:, None] & col_mask[None, :], other=0.0)
+    offs_k = tl.arange(0, 128)
+    block = (w_ptr + g.to(tl.int64) * stride_g + (col0 // 128).to(tl.int64) * stride_nb
+             + tl.cast(kb, tl.int64) * stride_kb)
+    ptrs = block + (cols[None, :] % 128).to(tl.int64) * stride_n + offs_k[:, None].to(tl.int64) * stride_k
+    return tl.load(ptrs, mask=(kb * 128 + offs_k < K)[:, None] & col_mask[None, :], other=0.0)
 
 
 @triton.jit
 def _mainloop(a_view, w_view, w_up_view, tile, NUM_ROWS, N, K, FUSED: tl.constexpr,
-              USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              USE_TMA: tl.constexpr, BLOCK_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The scaled accumulators of ``a @ w[g].T`` (and of ``a @ w_up[g].T``, FUSED) for ``tile``.
     Views: ``a``: (ptr, scales ptr, row stride, K stride, scales row stride); weights: (ptr,
-    descriptor, scales ptr, group/row/K strides, scale group/row strides)."""
+    descriptor, scales ptr, strides as :func:`_load_w_block` takes them, scale group/row
+    strides)."""
     a_ptr, a_desc, as_ptr, stride_am, stride_ak, stride_asm = a_view
-    w_ptr, w_desc, ws_ptr, stride_wg, stride_wn, stride_wk, stride_wsg, stride_wsn = w_view
-    u_ptr, u_desc, us_ptr, stride_ug, stride_un, stride_uk, stride_usg, stride_usn = w_up_view
+    w_ptr, w_desc, ws_ptr, w_strides, stride_wsg, stride_wsn = w_view
+    u_ptr, u_desc, us_ptr, u_strides, stride_usg, stride_usn = w_up_view
     g, row_lo, seg_end, pid_n = tile
     rows = row_lo + tl.arange(0, BLOCK_M)
     row_mask = (rows < tl.minimum(seg_end, NUM_ROWS)) & (rows >= 0)
@@ -100,13 +109,13 @@ def _mainloop(a_view, w_view, w_up_view, tile, NUM_ROWS, N, K, FUSED: tl.constex
     for kb in range(0, tl.cdiv(K, 128)):
         a, a_scale = _load_a_block(a_ptr, a_desc, as_ptr, row_lo, rows, row_mask, kb, K, stride_am, stride_ak, stride_asm,
                                    USE_TMA)
-        w = _load_w_block(w_ptr, w_desc, g, pid_n * BLOCK_N, cols, col_mask, kb, N, K, stride_wg, stride_wn, stride_wk,
-                          USE_TMA, BLOCK_N)
+        w = _load_w_block(w_ptr, w_desc, g, pid_n * BLOCK_N, cols, col_mask, kb, N, K, w_strides, USE_TMA,
+                          BLOCK_MAJOR, BLOCK_N)
         # (one multiply of the partial product: a scale per row times the tile's block scale)
         acc += tl.dot(a, w) * (a_scale * tl.load(ws_ptr + g64 * stride_wsg + n_block * stride_wsn + kb))[:, None]
         if FUSED:
-            u = _load_w_block(u_ptr, u_desc, g, pid_n * BLOCK_N, cols, col_mask, kb, N, K, stride_ug, stride_un, stride_uk,
-                              USE_TMA, BLOCK_N)
+            u = _load_w_block(u_ptr, u_desc, g, pid_n * BLOCK_N, cols, col_mask, kb, N, K, u_strides, USE_TMA,
+                              BLOCK_MAJOR, BLOCK_N)
             u_scale = tl.load(us_ptr + g64 * stride_usg + n_block * stride_usn + kb)
             acc_up += tl.dot(a, u) * (a_scale * u_scale)[:, None]
     return acc, acc_up
@@ -145,10 +154,10 @@ def grouped_gemm_fp8_kernel(
     a_desc, w_desc, w_up_desc,
     G, NUM_ROWS, N, K,
     stride_am, stride_ak, stride_asm,
-    stride_wg, stride_wn, stride_wk, stride_wsg, stride_wsn,
-    stride_ug, stride_un, stride_uk, stride_usg, stride_usn,
+    stride_wg, stride_wnb, stride_wkb, stride_wn, stride_wk, stride_wsg, stride_wsn,
+    stride_ug, stride_unb, stride_ukb, stride_un, stride_uk, stride_usg, stride_usn,
     stride_om, stride_on, stride_osm,
-    FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, USE_TMA: tl.constexpr,
+    FUSED: tl.constexpr, HAS_WEIGHTS: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_MAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, SMALL_G: tl.constexpr,
     ZERO_TAIL: tl.constexpr,
 ):
@@ -162,11 +171,13 @@ def grouped_gemm_fp8_kernel(
     pid = tl.program_id(0)
     num_progs = tl.num_programs(0)
     a_view = (a_ptr, a_desc, a_scale_ptr, stride_am, stride_ak, stride_asm)
-    w_view = (w_ptr, w_desc, w_scale_ptr, stride_wg, stride_wn, stride_wk, stride_wsg, stride_wsn)
-    u_view = (w_up_ptr, w_up_desc, w_up_scale_ptr, stride_ug, stride_un, stride_uk, stride_usg, stride_usn)
+    w_view = (w_ptr, w_desc, w_scale_ptr, (stride_wg, stride_wnb, stride_wkb, stride_wn, stride_wk), stride_wsg,
+              stride_wsn)
+    u_view = (w_up_ptr, w_up_desc, w_up_scale_ptr, (stride_ug, stride_unb, stride_ukb, stride_un, stride_uk),
+              stride_usg, stride_usn)
     for item in tl.range(pid, real_items, num_progs):
         tile = _work_item(item, n_tiles, cu_ptr, G, sched, BLOCK_M, BLOCK_G, SMALL_G, False)
-        acc, acc_up = _mainloop(a_view, w_view, u_view, tile, NUM_ROWS, N, K, FUSED, USE_TMA,
+        acc, acc_up = _mainloop(a_view, w_view, u_view, tile, NUM_ROWS, N, K, FUSED, USE_TMA, BLOCK_MAJOR,
                                 BLOCK_M, BLOCK_N)
         _epilogue(acc, acc_up, tile, out_ptr, out_scale_ptr, rw_ptr, NUM_ROWS, N, stride_om, stride_on,
                   stride_osm, FUSED, HAS_WEIGHTS, BLOCK_M, BLOCK_N)
@@ -253,15 +264,34 @@ _FIRST_DESC = 10  # index of the first descriptor in Plan.args
 
 def tma_weights(w: torch.Tensor) -> bool:
     """TMA reads ``w [G, N, K]`` as one ``[G*N, K]`` matrix: K contiguous, groups back to back,
-    16-byte aligned rows, no empty extent."""
+    16-byte aligned rows, no empty extent; a block-major weight as one ``[G*N*K/128, 128]``
+    matrix: contiguous."""
+    if is_block_major(w):
+        return w.numel() > 0 and w.is_contiguous() and w.data_ptr() % 16 == 0
     return (w.numel() > 0 and w.stride(2) == 1 and w.stride(0) == w.shape[1] * w.stride(1)
             and w.stride(1) % 16 == 0 and w.data_ptr() % 16 == 0)
+
+
+def weight_strides(w: torch.Tensor) -> tuple:
+    """The strides :func:`_load_w_block` takes: group, 128-row block, 128-deep K block, row, K
+    element."""
+    if is_block_major(w):
+        return tuple(w.stride())
+    return w.stride(0), 128 * w.stride(1), 128 * w.stride(2), w.stride(1), w.stride(2)
+
+
+def weight_geometry(w: torch.Tensor, block_n: int) -> tuple:
+    """(shape, strides, block) of the TMA view of ``w`` (see :func:`tma_weights`)."""
+    g, n, k = weight_dims(w)
+    if is_block_major(w):
+        return [g * n * k // 128, 128], [128, 1], [block_n, 128]
+    return [g * n, k], [w.stride(1), 1], [block_n, 128]
 
 
 def make_plan(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, out, out_scale, cfg: Fp8Config,
               use_tma: bool, zero_tail: bool) -> Plan:
     num_rows, k = a.shape
-    g, n, _ = w.shape
+    g, n, _ = weight_dims(w)
     fused = w_up is not None
     if 128 % cfg.block_n or (fused and cfg.block_n != 128):
         raise ValueError("Fp8Config: BLOCK_N divides 128 (the weight-scale block) and is 128 for the fused GEMM "
@@ -271,15 +301,15 @@ def make_plan(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, out, out_
     items_bound = num_row_tiles(num_rows, g, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     small_g = g <= SMALL_G_MAX
     use_tma = use_tma and a.stride(1) == 1 and a.stride(0) % 16 == 0 and a.data_ptr() % 16 == 0
-    w_geo = ([g * n, k], [w.stride(1), 1], [cfg.block_n, 128])
+    w_geo = weight_geometry(w, cfg.block_n)
     return Plan(
         grid=(max(1, min(items_bound, persistent_programs(a.device, cfg.programs_per_sm))),),
         ints=(g, num_rows, n, k, a.stride(0), a.stride(1), a_scale.stride(0),
-              w.stride(0), w.stride(1), w.stride(2), w_scale.stride(0), w_scale.stride(1),
-              u.stride(0), u.stride(1), u.stride(2), us.stride(0), us.stride(1),
+              *weight_strides(w), w_scale.stride(0), w_scale.stride(1),
+              *weight_strides(u), us.stride(0), us.stride(1),
               out.stride(0), out.stride(1), o_s.stride(0)),
         constexprs=dict(FUSED=fused, HAS_WEIGHTS=route_weights is not None,
-                        USE_TMA=use_tma, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                        USE_TMA=use_tma, BLOCK_MAJOR=is_block_major(w), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                         BLOCK_G=max(16, triton.next_power_of_2(g)) if small_g else BLOCK_G, SMALL_G=small_g,
                         ZERO_TAIL=zero_tail),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
