@@ -375,11 +375,12 @@ def test_layout_splits_gate_and_up_and_pads_scale_rows():
     for full, (q, s), full_scale in ((lay.full_gate_weight, ckpt.gate, lay.full_gate_scale),
                                      (lay.full_up_weight, ckpt.up, lay.full_up_scale),
                                      (lay.full_down_weight, ckpt.down, lay.full_down_scale)):
-        assert full.is_contiguous() and full.shape[0] == e + B
-        assert torch.equal(full[:e].view(torch.uint8), q.view(torch.uint8))
+        assert full.is_contiguous() and full.shape[0] == e + B and fp8.is_block_major(full)
+        assert torch.equal(fp8.from_block_major(full[:e]).view(torch.uint8), q.view(torch.uint8))
         assert torch.equal(full_scale[:e], s)
     for w, full in zip(lay.prefetch_weights, lay[:3]):
         assert w.dtype == torch.uint8 and w.data_ptr() == full.data_ptr() and w.is_contiguous()
+        assert tuple(w.shape) == (e + B, *fp8.weight_dims(full)[1:])  # [E+B, N, K], as MoonEP expects
     for storage, view in zip(lay.prefetch_scales, (lay.full_gate_scale, lay.full_up_scale,
                                                    lay.full_down_scale)):
         assert storage.is_contiguous() and storage.dim() == 2 and storage.shape[0] == e + B
@@ -413,7 +414,7 @@ def test_gather_uses_uint8_bytes_in_global_order(monkeypatch):
     lay = fp8_module.gather_fp8_weight_layout(*(t[:2] for t in full), num_global_experts=4,
                                               num_prefetch_slots=B)
     assert dtypes == [torch.uint8, torch.uint8, torch.float32, torch.float32]
-    assert torch.equal(lay.full_up_weight[:4].view(torch.uint8), ckpt.up[0].view(torch.uint8))
+    assert torch.equal(fp8.from_block_major(lay.full_up_weight[:4]).view(torch.uint8), ckpt.up[0].view(torch.uint8))
     assert torch.equal(lay.full_down_scale[:4], ckpt.down[1])
     with pytest.raises(NotImplementedError, match="evenly divisible"):
         fp8_module.gather_fp8_weight_layout(*(t[:1] for t in full), num_global_experts=4,

@@ -150,7 +150,9 @@ class MoonEPOpsFp8Experts(MoonEPOpsExperts):
                                       f"{'set' if a1q_scale is not None else 'None'}")
         layout, cu_seqlens, route_weights = self._segments(activation, topk_weights, expert_tokens_meta,
                                                            apply_router_weight_on_input)
-        # w1 is the [E+B, I, H] gate tensor, w2 the [E+B, H, I] down tensor, all e4m3fn.
+        # w1 is the [E+B, I, H] gate tensor, w2 the [E+B, H, I] down tensor, all e4m3fn and
+        # block-major underneath (the layout's rows_view): the op takes their blocks.
+        w1, w2 = w1.view(layout.full_gate_weight.shape), w2.view(layout.full_down_weight.shape)
         moonep_experts(hidden_states, w1, layout.full_up_weight, w2, cu_seqlens, route_weights,
                        out=output, w_gate_scale=self.w1_scale, w_up_scale=layout.full_up_scale,
                        w_down_scale=self.w2_scale)
@@ -287,8 +289,8 @@ class MoonEPFp8MoEMethod(Fp8MoEMethod):
                                           num_global_experts=self.moe.num_experts,
                                           num_prefetch_slots=MOONEP_DEFAULT_NUM_PREFETCH_SLOTS)
         layer._moonep_weight_layout = layout
-        replace_parameter(layer, "w13_weight", layout.full_gate_weight)
-        replace_parameter(layer, "w2_weight", layout.full_down_weight)
+        replace_parameter(layer, "w13_weight", layout.rows_view(layout.full_gate_weight))
+        replace_parameter(layer, "w2_weight", layout.rows_view(layout.full_down_weight))
         replace_parameter(layer, f"w13_{self.weight_scale_name}", layout.full_gate_scale)
         replace_parameter(layer, f"w2_{self.weight_scale_name}", layout.full_down_scale)
         self._init_moe_kernel(layer)

@@ -8,10 +8,14 @@ is the same for checkpoints in the DeepSeek-V3 format (``float8_e4m3fn`` weights
 ``weight_scale_inv`` per 128 x 128 block, the dequantization multiplier despite the name), plus
 the scales, which must move with their weights:
 
-- weights: gate/up ``[E+B, I, H]`` and down ``[E+B, H, I]`` e4m3fn, contiguous. MoonEP copies
-  them as bytes: its ``prefetch_weight`` takes bf16 or uint8 (the forks' ``_ELEM_TYPES`` have
-  no float8), so it gets :attr:`~MoonEPFp8WeightLayout.prefetch_weights`, uint8 views of the same
-  memory.
+- weights: gate/up ``[E+B, I, H]`` and down ``[E+B, H, I]`` e4m3fn, each expert's bytes
+  contiguous and block-major (:func:`moonep_ops.fp8.to_block_major`: ``[E+B, N/128, K/128, 128,
+  128]``, the layout the ops stream fastest; docs/fp8.md). An expert's blocks stay in its own
+  contiguous bytes, so a copy of an expert's ``[N, K]`` bytes copies its blocks. MoonEP copies
+  them as bytes: its ``prefetch_weight`` takes bf16 or uint8 (the forks' ``_ELEM_TYPES`` have no
+  float8), so it gets :attr:`~MoonEPFp8WeightLayout.prefetch_weights`, ``[E+B, N, K]`` uint8
+  views of the same memory (the shapes vLLM's ``[E+B]`` layout has; :meth:`rows_view` gives the
+  layer's e4m3 parameters the same shapes).
 - scales: MoonEP copies each expert's scale bytes as 128-row tiles (``retile_for_prefetch``
   asserts that an expert's scale bytes are a multiple of 128 x 128 = 16384), and an expert's
   block scales are far smaller (Qwen3-30B-A3B's gate: 6 x 16 x 4 = 384 bytes). So each
@@ -28,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..fp8 import BLOCK, FP8_DTYPE, num_blocks
+from ..fp8 import BLOCK, FP8_DTYPE, num_blocks, to_block_major
 
 #: Bytes per expert that MoonEP's scale prefetch copies in one tile (``retile_for_prefetch``:
 #: an expert's scale bytes must be a multiple of ``M_BLOCK * N_BLOCK = 128 * 128``).
@@ -38,19 +42,26 @@ SCALE_TILE_BYTES = 128 * 128
 class MoonEPFp8WeightLayout(NamedTuple):
     """FP8 expert weights and their block scales in MoonEP's ``[E+B, ...]`` layout."""
 
-    full_gate_weight: torch.Tensor  # [E+B, I, H] e4m3fn
-    full_up_weight: torch.Tensor  # [E+B, I, H] e4m3fn
-    full_down_weight: torch.Tensor  # [E+B, H, I] e4m3fn
+    full_gate_weight: torch.Tensor  # [E+B, I/128, H/128, 128, 128] e4m3fn, block-major
+    full_up_weight: torch.Tensor  # [E+B, I/128, H/128, 128, 128] e4m3fn, block-major
+    full_down_weight: torch.Tensor  # [E+B, H/128, I/128, 128, 128] e4m3fn, block-major
     num_prefetch_slots: int
     full_gate_scale: torch.Tensor  # [E+B, I/128, H/128] fp32, a view into prefetch_scales[0]
     full_up_scale: torch.Tensor  # [E+B, I/128, H/128] fp32
     full_down_scale: torch.Tensor  # [E+B, H/128, I/128] fp32
-    prefetch_weights: tuple  # the three weights as uint8 views: what prefetch_weight copies
+    prefetch_weights: tuple  # the three weights as [E+B, N, K] uint8 views: what prefetch_weight copies
     prefetch_scales: tuple  # three contiguous [E+B, P] fp32 storages, rows padded to 16 KiB
 
     @property
     def num_experts(self) -> int:
         return self.full_gate_weight.shape[0] - self.num_prefetch_slots
+
+    @staticmethod
+    def rows_view(weight: torch.Tensor) -> torch.Tensor:
+        """A block-major weight as the ``[E+B, N, K]`` tensor vLLM's MoE code expects of the
+        layer's parameters (its sizes; the bytes stay block-major)."""
+        rows, n_blocks, k_blocks = weight.shape[:3]
+        return weight.view(rows, n_blocks * BLOCK, k_blocks * BLOCK)
 
 
 def scale_row_elems(scale_shape) -> int:
@@ -103,8 +114,10 @@ def make_fp8_weight_layout(w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch
     rows = e + num_prefetch_slots
 
     def weight(src):
-        full = torch.zeros((rows, *src.shape[1:]), dtype=FP8_DTYPE, device=src.device)
-        full[:e].copy_(src)
+        n, k = src.shape[1:]
+        full = torch.zeros((rows, n // BLOCK, k // BLOCK, BLOCK, BLOCK), dtype=FP8_DTYPE, device=src.device)
+        for expert in range(e):  # one expert's copy at a time: no second copy of the whole tensor
+            full[expert] = to_block_major(src[expert:expert + 1])[0]
         return full
 
     gate, up, down = weight(w13[:, :i]), weight(w13[:, i:]), weight(w2)
@@ -116,5 +129,5 @@ def make_fp8_weight_layout(w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch
         full_gate_weight=gate, full_up_weight=up, full_down_weight=down,
         num_prefetch_slots=num_prefetch_slots,
         full_gate_scale=gate_scale, full_up_scale=up_scale, full_down_scale=down_scale,
-        prefetch_weights=tuple(w.view(torch.uint8) for w in (gate, up, down)),
+        prefetch_weights=tuple(MoonEPFp8WeightLayout.rows_view(w).view(torch.uint8) for w in (gate, up, down)),
         prefetch_scales=(gate_store, up_store, down_store))
