@@ -5,7 +5,10 @@ Paths, all on the same layout (``shapes.build_problem``), each timed as in ``run
 replays after warm-up, ``--settle`` seconds back to back first, median of ``--reps``):
 
 - ``moonep_bf16``: ``moonep_ops.moonep_experts`` on the bf16 weights;
-- ``moonep_fp8``: the same with e4m3 weights and 128 x 128 block scales (``moonep_ops.fp8``);
+- ``moonep_fp8``: the same with e4m3 weights and 128 x 128 block scales (``moonep_ops.fp8``), the
+  weights block-major (``fp8.to_block_major``: the layout the ops stream fastest, and the one the
+  vLLM integration holds);
+- ``moonep_fp8_row_major``: the same on the checkpoint's ``[G, N, K]`` e4m3 weights;
 - ``torch_fp8``: ``torch._scaled_grouped_mm`` with row-wise scales (the weights re-quantized per
   output channel, ``x`` and the activation per row by eager ops), gate and up in one call on the
   concatenated ``[G, 2I, H]`` weights, an eager ``silu(gate) * up * rw``, then the down GEMM.
@@ -124,8 +127,14 @@ def run_shape(shape, padding, meter, reps, settle_s) -> dict:
                                    out, live, None, reps, settle_s)
     ref = out[:live].float().clone()
     del wg, wu, wd
-    row["moonep_fp8"] = time_path(lambda: moonep_ops.moonep_experts(
-        x, qg, qu, qd, cu, rw, out=out, w_gate_scale=sg, w_up_scale=su, w_down_scale=sd), out, live, ref, reps, settle_s)
+
+    def fp8_experts(w_gate, w_up, w_down):
+        return lambda: moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, out=out, w_gate_scale=sg,
+                                                 w_up_scale=su, w_down_scale=sd)
+
+    row["moonep_fp8_row_major"] = time_path(fp8_experts(qg, qu, qd), out, live, ref, reps, settle_s)
+    qg, qu, qd = (fp8.to_block_major(w) for w in (qg, qu, qd))
+    row["moonep_fp8"] = time_path(fp8_experts(qg, qu, qd), out, live, ref, reps, settle_s)
     row["torch_fp8"] = time_path(lambda: torch_fp8(x, cu, rw, out), out, live, ref, reps, settle_s)
     del qg, qu, qd, torch_fp8
     torch.cuda.empty_cache()
@@ -134,7 +143,7 @@ def run_shape(shape, padding, meter, reps, settle_s) -> dict:
     read_us, _ = meter.read_us(nbytes)
     row["limit"] = {"us": max(gemm_us, read_us), "bound": "compute" if gemm_us >= read_us else "memory",
                     "gemm_us": gemm_us, "read_us": read_us, "bytes": nbytes}
-    for name in ("moonep_bf16", "moonep_fp8", "torch_fp8"):
+    for name in ("moonep_bf16", "moonep_fp8", "moonep_fp8_row_major", "torch_fp8"):
         if "us" in row[name]:
             row[name]["eff_limit"] = row["limit"]["us"] / row[name]["us"]
     return row
@@ -143,10 +152,11 @@ def run_shape(shape, padding, meter, reps, settle_s) -> dict:
 def _print_row(row) -> None:
     def us(name):
         return row[name].get("us", float("nan"))
-    b, f, t = us("moonep_bf16"), us("moonep_fp8"), us("torch_fp8")
+    b, f, r, t = us("moonep_bf16"), us("moonep_fp8"), us("moonep_fp8_row_major"), us("torch_fp8")
     print(f"{row['shape']:<28} pad={row['token_padding']:<3} limit {row['limit']['us']:7.0f}us "
           f"({row['limit']['bound']}) | bf16 {b:7.0f} | fp8 {f:7.0f} x{b / f:.2f} vs bf16, x{t / f:.2f} vs torch, "
           f"eff {row['moonep_fp8'].get('eff_limit', float('nan')):.2f}, err {row['moonep_fp8'].get('err_vs_bf16', 0):.1e}"
+          f" | fp8 [G, N, K] {r:7.0f}"
           f" | torch_fp8 {t:7.0f} {row['torch_fp8'].get('error', '')[:60]}", flush=True)
 
 

@@ -3,14 +3,15 @@
 :func:`render_fp8` is the text that ``python -m benchmarks.report --fp8`` writes into docs/fp8.md: a
 line naming the GPU, the versions and the timing protocol of the run (what ``env`` holds of them),
 one table row per JSON row in file order, and the ranges of the FP8 path's speedups and efficiency.
-A path that did not run shows "–". No GPU and no torch needed.
+The FP8 path (``fp8``) runs block-major weights; ``fp8 [G, N, K]`` is the same op on the
+checkpoint's row-major weights. A path that did not run shows "–". No GPU and no torch needed.
 """
 
 from .protocol import replays_phrase
 
-BF16, FP8, TORCH = "moonep_bf16", "moonep_fp8", "torch_fp8"
-HEADER = ("| shape | padding | bf16 | fp8 | torch | fp8 vs bf16 | fp8 vs torch | limit µs | fp8 vs limit |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+BF16, FP8, FP8_ROW_MAJOR, TORCH = "moonep_bf16", "moonep_fp8", "moonep_fp8_row_major", "torch_fp8"
+HEADER = ("| shape | padding | bf16 | fp8 | fp8 [G, N, K] | torch | fp8 vs bf16 | fp8 vs torch | limit µs "
+          "| fp8 vs limit |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 DASH = "–"
 
 
@@ -33,7 +34,7 @@ def _ratio(row: dict, slow: str, fast: str):
 
 
 def _row(r: dict) -> str:
-    us = [f"{r[p]['us']:.0f}" if "us" in r.get(p, {}) else DASH for p in (BF16, FP8, TORCH)]
+    us = [f"{r[p]['us']:.0f}" if "us" in r.get(p, {}) else DASH for p in (BF16, FP8, FP8_ROW_MAJOR, TORCH)]
     ratios = [f"{x:.2f}x" if x is not None else DASH for x in (_ratio(r, BF16, FP8), _ratio(r, TORCH, FP8))]
     limit = f"{r['limit']['us']:.0f} ({r['limit']['bound']})" if "limit" in r else DASH
     eff = f"{r[FP8]['eff_limit']:.2f}" if "eff_limit" in r.get(FP8, {}) else DASH

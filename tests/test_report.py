@@ -195,7 +195,7 @@ FP8_RESULT = {
     "rows": [
         {"shape": "a S=1", "token_padding": 128, "nvs": 256, "rows": 200, "limit": _limit(50.4),
          "moonep_bf16": _fp8_path(110.0, 50.4), "moonep_fp8": _fp8_path(100.0, 50.4),
-         "torch_fp8": _fp8_path(250.0, 50.4)},
+         "moonep_fp8_row_major": _fp8_path(105.0, 50.4), "torch_fp8": _fp8_path(250.0, 50.4)},
         {"shape": "b S=2", "token_padding": 1, "nvs": 300, "rows": 300, "limit": _limit(60.0, "compute"),
          "moonep_bf16": _fp8_path(90.0, 60.0), "moonep_fp8": _fp8_path(75.0, 60.0),
          "torch_fp8": {"error": "RuntimeError: not supported"}},
@@ -209,10 +209,10 @@ def test_the_fp8_table_is_pinned():
         "NVIDIA H200, torch 2.14.0, triton 3.8.0, 2030-01-02; median of 30 CUDA-graph replays, "
         "each path and the limit first replayed for 0.5 s.\n"
         "\n"
-        "| shape | padding | bf16 | fp8 | torch | fp8 vs bf16 | fp8 vs torch | limit µs | fp8 vs limit |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-        "| a S=1 | 128 | 110 | 100 | 250 | 1.10x | 2.50x | 50 (memory) | 0.50 |\n"
-        "| b S=2 | 1 | 90 | 75 | – | 1.20x | – | 60 (compute) | 0.80 |\n"
+        "| shape | padding | bf16 | fp8 | fp8 [G, N, K] | torch | fp8 vs bf16 | fp8 vs torch | limit µs | fp8 vs limit |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "| a S=1 | 128 | 110 | 100 | 105 | 250 | 1.10x | 2.50x | 50 (memory) | 0.50 |\n"
+        "| b S=2 | 1 | 90 | 75 | – | – | 1.20x | – | 60 (compute) | 0.80 |\n"
         "\n"
         "fp8 against bf16: 1.20-1.20x (padding 1), 1.10-1.10x (padding 128); against torch 2.50-2.50x; "
         "against the limit 0.50-0.80.\n")
@@ -221,9 +221,9 @@ def test_the_fp8_table_is_pinned():
 def test_the_fp8_table_without_env_or_fp8_times():
     result = {"env": {}, "rows": [{**FP8_RESULT["rows"][1], "moonep_fp8": {"error": "OutOfMemoryError"}}]}
     assert report.render_fp8(result) == (
-        "| shape | padding | bf16 | fp8 | torch | fp8 vs bf16 | fp8 vs torch | limit µs | fp8 vs limit |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-        "| b S=2 | 1 | 90 | – | – | – | – | 60 (compute) | – |\n"
+        "| shape | padding | bf16 | fp8 | fp8 [G, N, K] | torch | fp8 vs bf16 | fp8 vs torch | limit µs | fp8 vs limit |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "| b S=2 | 1 | 90 | – | – | – | – | – | 60 (compute) | – |\n"
         "\n"
         "No shape ran on the fp8 path.\n")
 
