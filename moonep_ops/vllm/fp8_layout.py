@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..fp8 import BLOCK, FP8_DTYPE, num_blocks, to_block_major
+from ..fp8 import BLOCK, FP8_DTYPE, num_blocks, to_block_major, weight_dims
 
 #: Bytes per expert that MoonEP's scale prefetch copies in one tile (``retile_for_prefetch``:
 #: an expert's scale bytes must be a multiple of ``M_BLOCK * N_BLOCK = 128 * 128``).
@@ -60,8 +60,7 @@ class MoonEPFp8WeightLayout(NamedTuple):
     def rows_view(weight: torch.Tensor) -> torch.Tensor:
         """A block-major weight as the ``[E+B, N, K]`` tensor vLLM's MoE code expects of the
         layer's parameters (its sizes; the bytes stay block-major)."""
-        rows, n_blocks, k_blocks = weight.shape[:3]
-        return weight.view(rows, n_blocks * BLOCK, k_blocks * BLOCK)
+        return weight.view(weight_dims(weight))
 
 
 def scale_row_elems(scale_shape) -> int:

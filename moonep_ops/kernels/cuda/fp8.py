@@ -16,7 +16,7 @@ import functools
 import torch
 
 from ... import checks, flags
-from ...fp8 import is_block_major, num_blocks, weight_dims
+from ...fp8 import num_blocks, weight_dims
 from .paths import capability_of, contiguous, gluon_host, gluon_wanted, on_device
 
 
@@ -54,15 +54,11 @@ def choose_gluon(a, w, w_up, out):
     """The Gluon kernel's config for e4m3 ``a`` against ``w`` (and ``w_up``: the fused GEMM), or
     None where TMA cannot address the operands."""
     from ..gluon import config
-    from ..triton.grouped_gemm import tma_addressable, tma_usable
+    from ..triton.grouped_gemm import tma_addressable
     from ..triton.grouped_gemm_fp8 import tma_weights
 
     weights = (w,) if w_up is None else (w, w_up)
-    if is_block_major(w):
-        usable = tma_addressable(a) and a.numel() > 0 and all(tma_weights(t) for t in weights)
-    else:
-        usable = tma_usable(a, *weights)
-    if not (usable and tma_addressable(out)):
+    if not (tma_addressable(a) and a.numel() > 0 and all(tma_weights(t) for t in weights) and tma_addressable(out)):
         return None
     return config.gluon_fp8_config(weight_dims(w)[1], a.shape[1], a.shape[0], w_up is not None, groups=w.shape[0])
 
