@@ -80,8 +80,9 @@ def round_order(variants: list, round_index: int) -> list:
 
 @contextlib.contextmanager
 def table_replaced(variant: Variant, fp8: bool):
-    """The config table (bf16 or FP8) replaced by ``variant``'s, and no launch plan kept across
-    the change (plans hold the config they were made with)."""
+    """The config table (bf16 or FP8) replaced by ``variant``'s, and no launch plan or handoff
+    target kept across the change (both hold what the config they were made with asked for)."""
+    from moonep_ops.kernels.cuda import experts
     from moonep_ops.kernels.gluon import config, host
 
     attr = "gluon_fp8_config" if fp8 else "gluon_gemm_config"
@@ -92,11 +93,13 @@ def table_replaced(variant: Variant, fp8: bool):
 
     setattr(config, attr, pick)
     host._PLANS.clear()
+    experts._FLAG_TARGETS.clear()
     try:
         yield
     finally:
         setattr(config, attr, table)
         host._PLANS.clear()
+        experts._FLAG_TARGETS.clear()
 
 
 def _experts_call(shape, padding, fp8: bool):

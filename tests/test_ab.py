@@ -55,7 +55,7 @@ def test_rounds_alternate_the_order():
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_the_table_is_replaced_for_a_variant_and_restored(fp8):
-    from moonep_ops.kernels.cuda import paths
+    from moonep_ops.kernels.cuda import experts, paths
 
     host = paths.gluon_host()
     if host is None:
@@ -63,11 +63,13 @@ def test_the_table_is_replaced_for_a_variant_and_restored(fp8):
     name = "gluon_fp8_config" if fp8 else "gluon_gemm_config"
     table = getattr(config, name)
     host._PLANS["stale"] = object()
+    experts._FLAG_TARGETS["stale"] = 1  # a handoff target asked for by the table's config
     with ab.table_replaced(ab.parse_variant("v:stages=3"), fp8):
-        assert "stale" not in host._PLANS
+        assert "stale" not in host._PLANS and "stale" not in experts._FLAG_TARGETS
         assert getattr(config, name)(2048, 7168, 45056, True, groups=388).stages == 3
         host._PLANS["made under the variant"] = object()
-    assert getattr(config, name) is table and not host._PLANS
+        experts._FLAG_TARGETS["made under the variant"] = 0
+    assert getattr(config, name) is table and not host._PLANS and not experts._FLAG_TARGETS
 
 
 def test_run_case_times_each_variant_under_its_table_in_alternating_rounds(monkeypatch):
