@@ -115,10 +115,17 @@ def _fp8_cases(mode: str, results) -> None:
          results)
     _run(f"{mode} fp8 moonep_padding experts",
          lambda: tf.test_experts_fp8_on_moonep_padding(torch.bfloat16, "cuda"), results)
+    # block-major weights (TMA on contiguous blocks; the Triton kernel's pointer path on strided ones)
+    for layout in tf.BLOCK_MAJOR_LAYOUTS:
+        _run(f"{mode} fp8 block_major {layout.name}", lambda: tf.test_block_major_weights(layout, "cuda"), results)
+    _run(f"{mode} fp8 block_major strided", lambda: tf.test_strided_block_major_weights("cuda"), results)
     if mode == "default" and torch.cuda.get_device_capability() == (9, 0):
         for config in tf.GLUON_FP8_CONFIGS:  # (split rows: lone tiles' idle upper halves skipped, or not)
             _run(f"{mode} fp8 gluon {config} moonep_padding",
                  lambda: _with_monkeypatch(tf.test_gluon_fp8_configs, tf.MOONEP_PADDING, config), results)
+            # (its sizes are multiples of 128: row-major, then block-major weights)
+            _run(f"{mode} fp8 gluon {config} moonep_decode",
+                 lambda: _with_monkeypatch(tf.test_gluon_fp8_configs, tf.MOONEP_DECODE, config), results)
 
 
 def _op_cases(modes, device, results) -> None:
