@@ -11,12 +11,12 @@ read-only reduction); efficiency against it (``eff_limit``) = limit / time. The 
 and records this GPU's own ceilings (a dense bf16 matmul and a 4 GiB copy) and each path's eager
 host cost per call on a tiny problem.
 
-``--settle SECONDS`` (default 0, the README protocol) replays each path, and each part of the
+``--settle SECONDS`` (default 1, the README protocol) replays each path, and each part of the
 limit, back to back for that long before its timed replays: under the H200's 700 W cap the heavy
 paths lower the SM clock, and without settling a figure depends on what ran before it.
 
     python -m benchmarks.run [--out results.json] [--reps 50] [--paths vllm,moonep] [--paddings 128,1]
-                             [--shapes 0,3] [--settle 1]
+                             [--shapes 0,3] [--settle 0]
     python -m benchmarks.plot results.json chart.png
 """
 
@@ -143,7 +143,7 @@ def main(argv=None):
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--paddings", default="128,1")
     parser.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES")
-    parser.add_argument("--settle", type=float, default=0.0,
+    parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds of back-to-back replays of each path before its timed ones")
     args = parser.parse_args(argv)
     paths = {k: PATHS[k] for k in args.paths.split(",")}

@@ -11,7 +11,7 @@
 #   portable:  the cuda tests again with MOONEP_OPS_PORTABLE=1 (the sm80 path)
 #   sanitize:  compute-sanitizer memcheck + racecheck (scripts/sanitize.sh; results in $OUT/sanitize/)
 #   bench:     benchmarks.run (JSON, log, chart, and the README table it gives), then benchmarks.train;
-#              BENCH_ARGS adds arguments to benchmarks.run, e.g. "--settle 1 --paddings 128"
+#              BENCH_ARGS adds arguments to benchmarks.run, e.g. "--settle 0 --paddings 128"
 #   fuzz:      the CUDA fuzz, long profile: FUZZ_EXAMPLES per op (default 2000) in FUZZ_SHARDS
 #              (default 16) seeded items per op, spread over the xdist workers
 #   all:       tests, triton, portable, sanitize, bench, fuzz, in that order (longer than one
