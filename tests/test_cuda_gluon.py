@@ -207,6 +207,7 @@ IDLE_CONFIGS = {"plain_pingpong": (False, PLAIN["pingpong_n128_s5"]), "plain_coo
                 "fused_coop_full_loads": (True, dict(FUSED["coop_n128_s4"], half_loads=False)),
                 # only segments' only row tiles (the 256-row segment's idle half is computed)
                 "fused_pingpong_lone": (True, dict(FUSED["pingpong_n64_s6"], skip_lone_tiles_only=True)),
+                "fused_coop_lone": (True, dict(FUSED["coop_n128_s4"], skip_lone_tiles_only=True)),
                 "plain_coop_lone": (False, dict(PLAIN["coop_n128_s6"], skip_lone_tiles_only=True))}
 
 

@@ -93,15 +93,15 @@ TINY_SEGMENT_ROWS = 64
 def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0) -> GluonConfig:
     """The config for ``[num_rows, n]`` outputs with reduction ``k`` (``fused``: the gate/up GEMM)
     over ``groups`` segments (0: unknown)."""
-    cfg = _table_config(n, k, num_rows, fused)
-    long_cooperative_fused = fused and not cfg.pingpong and k >= 4096
+    tiny = num_rows < TINY_SEGMENT_ROWS * groups
+    cfg = _table_config(n, k, num_rows, fused, tiny)
+    long_cooperative_fused = fused and not cfg.pingpong and k >= 4096 and num_rows >= 8192
     if not cfg.skip_idle_half and not long_cooperative_fused:
-        tiny = num_rows < TINY_SEGMENT_ROWS * groups
         cfg = dataclasses.replace(cfg, skip_idle_half=True, skip_lone_tiles_only=not tiny)
     return cfg
 
 
-def _table_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig:
+def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> GluonConfig:
     # The producer zeroes the tail between its loads where the reduction is long; with a short
     # one its small stores cost more than the consumers' zeros after their items.
     tail_by_producer = k >= 2048
@@ -112,6 +112,10 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool) -> GluonConfig:
             return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768,
                                tail_by_producer=tail_by_producer, handoff=num_rows < 16384,
                                skip_idle_half=12288 <= num_rows < 16384)
+        if k >= 4096 and not tiny:
+            # Smaller buffers of long reductions whose segments fill row tiles (llama4, top-1 experts
+            # of H >= 4096 with few groups): cooperative too, with the lone-tile skip below.
+            return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer)
         if num_rows >= 40960:
             # Large capacities with H < 4096: cooperative 128x(128+128) tiles; the output tail is
             # zeroed here, where the fused GEMM leaves DRAM write bandwidth.
