@@ -24,13 +24,14 @@ def test_config_table_picks_each_consumer_scheme():
     assert pick(768, 2048, 33024, fused=True).pingpong  # qwen3 S=64 gate/up
     assert not pick(768, 2048, 48896, fused=True).pingpong  # qwen3 S=2048 gate/up (power-bound)
     assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
-    # Long fused reductions (K >= 4096) below 8192 rows: cooperative where the segments fill row
+    # Long fused reductions (K >= 5120) below 8192 rows: cooperative where the segments fill row
     # tiles (llama4, 307 rows per group padded, 102 unpadded), ping-pong where they are a few rows
     # (kimi-k2 decode unpadded: 20 per group)
     for nvs in (6144, 2048):
         assert pick(8192, 5120, nvs, fused=True, groups=20) == configs.GluonConfig(
             block_n=128, stages=4, pingpong=False, skip_idle_half=True, skip_lone_tiles_only=True)
     assert pick(2048, 7168, 1024, fused=True, groups=52).pingpong
+    assert pick(1536, 4096, 6144, fused=True, groups=20).pingpong  # qwen3-235b-sized (H = 4096): ping-pong
     assert not pick(2048, 768, 48896, fused=False).pingpong  # qwen3 down
     for nvs in (13312, 20480, 45056):  # kimi-k2 down (K = 2048): 128x256 tiles, three stages or four
         split = nvs == 20480  # S=1024: four stages and a split epilogue
@@ -82,7 +83,7 @@ def test_tiny_segments_skip_idle_halves_in_every_config():
                                 (768, 2048, 512, 132, True), (2048, 768, 512, 132, False),  # qwen3 S=64
                                 (4096, 7168, 32, 132, True), (7168, 4096, 32, 132, False)):  # top-1, 1-row segments
         assert skips(pick(n, k, nvs, fused, groups=g)) == "last"
-        if fused and k >= 4096:  # long fused reductions below 8192 rows: ping-pong on tiny segments only
+        if fused and k >= 5120:  # long fused reductions below 8192 rows: ping-pong on tiny segments only
             assert pick(n, k, nvs, fused, groups=g).pingpong and not pick(n, k, nvs, fused).pingpong
             continue
         assert pick(n, k, nvs, fused, groups=g) == dataclasses.replace(pick(n, k, nvs, fused), skip_idle_half=True,

@@ -112,9 +112,10 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> Glu
             return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768,
                                tail_by_producer=tail_by_producer, handoff=num_rows < 16384,
                                skip_idle_half=12288 <= num_rows < 16384)
-        if k >= 4096 and not tiny:
-            # Smaller buffers of long reductions whose segments fill row tiles (llama4, top-1 experts
-            # of H >= 4096 with few groups): cooperative too, with the lone-tile skip below.
+        if k >= 5120 and not tiny:
+            # Smaller buffers of long reductions whose segments fill row tiles (llama4; H = 7168
+            # with few groups): cooperative too, with the lone-tile skip below. At H = 4096
+            # (qwen3-235b) it gained nowhere, so those keep ping-pong.
             return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer)
         if num_rows >= 40960:
             # Large capacities with H < 4096: cooperative 128x(128+128) tiles; the output tail is
