@@ -17,8 +17,16 @@ A variant is ``NAME`` or ``NAME:FIELD=VALUE,...``: the config table's pick with 
         --shapes 2,5 --rounds 3
 
 ``--fp8`` runs the FP8 experts (weights quantized per 128 x 128 block) and varies the FP8 table.
+``--cases`` runs layout-sweep cases by name instead of the benchmark shapes (a rule must hold on
+layouts nobody tuned on)::
+
+    python -m benchmarks.ab table "coop:fused.pingpong=False,fused.block_n=128,fused.stages=4" \
+        --cases "llama4 K1 G8 epn4 S2048 z1.5 p1 s2;h7168-i4096 K8 G20 epn16 S512 z0.8 p1 s0" --rounds 6
+
 Prints one line per shape and padding (each variant's samples in µs, then their medians) and,
-with ``--out``, writes them as JSON. Nothing here is a result file of the repository.
+with ``--out``, writes them as JSON. Nothing here is a result file of the repository. On the H200
+identical configs differ by up to 5-7% over two or three rounds at a 0.3 s settle: a change of a
+few per cent needs six rounds or more, and a longer settle.
 """
 
 import argparse
@@ -102,12 +110,13 @@ def table_replaced(variant: Variant, fp8: bool):
         experts._FLAG_TARGETS.clear()
 
 
-def _experts_call(shape, padding, fp8: bool):
-    """``(call, out, live rows)`` for the experts op on one benchmark problem."""
+def _experts_call(shape, padding, fp8: bool, layout: dict):
+    """``(call, out, live rows)`` for the experts op on one benchmark problem (``layout``: the
+    emulator's ``seed`` and ``skew`` where they are not its defaults)."""
     import moonep_ops
     from moonep_ops import fp8 as fp8_ops
 
-    x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
+    x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding, **layout)
     out = torch.empty_like(x)
     if not fp8:
         return (lambda: moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out)), out, sum(sizes)
@@ -117,11 +126,12 @@ def _experts_call(shape, padding, fp8: bool):
                                               w_down_scale=sd)), out, sum(sizes)
 
 
-def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle_s: float) -> dict:
+def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle_s: float,
+             layout: dict | None = None) -> dict:
     """Every variant ``rounds`` times on one shape and padding; samples in µs per variant."""
     from .fp8 import time_path
 
-    call, out, live = _experts_call(shape, padding, fp8)
+    call, out, live = _experts_call(shape, padding, fp8, layout or {})
     row = {"shape": shape.name, "token_padding": padding, "samples": {v.name: [] for v in variants}, "errors": {}}
     ref = None
     for r in range(rounds):
@@ -137,6 +147,21 @@ def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle
             if rec["err_vs_bf16"] > 1e-2 or not rec["tail_zero"]:
                 row["errors"][variant.name] = f"rel err {rec['err_vs_bf16']:.3g}, zero tail {rec['tail_zero']}"
     return row
+
+
+def sweep_problems(names: str) -> list:
+    """``(shape, padding, layout)`` of the layout-sweep cases named in ``names`` (``;`` between)."""
+    from .sweep_cases import sweep_cases
+
+    known = {case.name: case for case in sweep_cases(120)}
+    problems = []
+    for name in filter(None, (n.strip() for n in names.split(";"))):
+        if name not in known:
+            raise ValueError(f"benchmarks.ab: no layout-sweep case is named {name!r} "
+                             f"(python -m benchmarks.sweep --list prints them)")
+        case = known[name]
+        problems.append((case.shape(), case.token_padding, {"seed": case.seed, "skew": case.skew}))
+    return problems
 
 
 def _line(row) -> str:
@@ -155,6 +180,8 @@ def main(argv=None) -> int:
     parser.add_argument("--fp8", action="store_true", help="the FP8 experts and the FP8 config table")
     parser.add_argument("--shapes", default="all", help="comma-separated indices into benchmarks.shapes.SHAPES")
     parser.add_argument("--paddings", default="128,1")
+    parser.add_argument("--cases", default=None, help="layout-sweep case names separated by ';' (python -m "
+                                                      "benchmarks.sweep --list): these instead of the shapes")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--settle", type=float, default=0.3)
@@ -164,13 +191,19 @@ def main(argv=None) -> int:
     if len({v.name for v in variants}) != len(variants):
         parser.error("variant names must differ")
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    if args.cases:
+        try:
+            problems = sweep_problems(args.cases)
+        except ValueError as exc:
+            parser.error(str(exc))
+    else:
+        problems = [(shape, int(p), {}) for p in args.paddings.split(",") for shape in shapes]
     rows = []
     with torch.inference_mode():
-        for padding in [int(p) for p in args.paddings.split(",")]:
-            for shape in shapes:
-                rows.append(run_case(shape, padding, variants, args.fp8, args.rounds, args.reps, args.settle))
-                print(_line(rows[-1]), flush=True)
-                torch.cuda.empty_cache()
+        for shape, padding, layout in problems:
+            rows.append(run_case(shape, padding, variants, args.fp8, args.rounds, args.reps, args.settle, layout))
+            print(_line(rows[-1]), flush=True)
+            torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"env": {**environment(), "reps": args.reps, "settle_s": args.settle, "fp8": args.fp8,

@@ -94,7 +94,7 @@ def test_run_case_times_each_variant_under_its_table_in_alternating_rounds(monke
         return {"us": 100.0 + stages, "err_vs_bf16": 0.5 if stages == 3 else 0.0, "tail_zero": True}
 
     monkeypatch.setattr(fp8_bench, "time_path", fake_time_path)
-    monkeypatch.setattr(ab, "_experts_call", lambda shape, padding, fp8: (lambda: None, out, 4))
+    monkeypatch.setattr(ab, "_experts_call", lambda shape, padding, fp8, layout: (lambda: None, out, 4))
     variants = [ab.parse_variant(s) for s in ("table", "three:stages=3", "two:stages=2")]
     row = ab.run_case(ab.SHAPES[0], 128, variants, fp8=True, rounds=2, reps=1, settle_s=0.0)
     table_stages = config.gluon_fp8_config(2048, 7168, 45056, True, groups=388).stages
@@ -103,3 +103,34 @@ def test_run_case_times_each_variant_under_its_table_in_alternating_rounds(monke
     assert row["samples"] == {"table": [100.0 + table_stages] * 2, "three": [103.0, 103.0], "two": []}
     assert row["errors"] == {"three": "rel err 0.5, zero tail True", "two": "RuntimeError: no"}
     assert "table" in ab._line(row) and "two     n/a" in ab._line(row)
+
+
+def test_sweep_cases_by_name_keep_their_layout():
+    """``--cases``: each named layout-sweep case with its padding, seed and skew; a name that is
+    no case is refused with a pointer to the list."""
+    from benchmarks.sweep_cases import sweep_cases
+
+    first, second = sweep_cases(120)[:2]
+    problems = ab.sweep_problems(f"{first.name}; {second.name};")
+    assert [(shape.name, shape.hidden, padding, layout) for shape, padding, layout in problems] == [
+        (case.name, case.hidden, case.token_padding, {"seed": case.seed, "skew": case.skew})
+        for case in (first, second)]
+    with pytest.raises(ValueError, match=r"no layout-sweep case is named 'kimi' \(python -m benchmarks.sweep --list"):
+        ab.sweep_problems("kimi")
+
+
+def test_main_runs_the_named_cases_instead_of_the_shapes(monkeypatch):
+    from benchmarks.sweep_cases import sweep_cases
+
+    case = sweep_cases(120)[3]
+    calls = []
+
+    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None):
+        calls.append((shape.name, padding, layout, rounds))
+        return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {}}
+
+    monkeypatch.setattr(ab, "run_case", fake_run_case)
+    assert ab.main(["table", "--cases", case.name, "--rounds", "6"]) == 0
+    assert calls == [(case.name, case.token_padding, {"seed": case.seed, "skew": case.skew}, 6)]
+    with pytest.raises(SystemExit):
+        ab.main(["table", "--cases", "no such case"])
