@@ -78,7 +78,7 @@ class GluonConfig:
 # many experts) skip the idle upper halves of their row tiles: most tiles are one segment's only
 # tile, mostly idle, and the skip halves their loads of ``a`` and their MMAs (on the layout sweep's
 # such cases, 0.55-0.67 of the measured limit before, 0.66-0.93 after). Not in the cooperative
-# fused config of long reductions: there a buffer of an expert-parallel rank has few rows per
+# fused config of long reductions in 8192 rows and more: there a buffer of an expert-parallel rank has few rows per
 # group (most groups are other ranks' experts, empty) while its live segments span several row
 # tiles, and the skip breaks the step of the programs that share weight tiles (kimi-k2 S=1024:
 # +7%). Elsewhere the skip is taken where the table below measured it faster, and otherwise on
