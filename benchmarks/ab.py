@@ -151,9 +151,10 @@ def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle
 
 def sweep_problems(names: str) -> list:
     """``(shape, padding, layout)`` of the layout-sweep cases named in ``names`` (``;`` between)."""
+    from .sweep import DEFAULT_CASES
     from .sweep_cases import sweep_cases
 
-    known = {case.name: case for case in sweep_cases(120)}
+    known = {case.name: case for case in sweep_cases(DEFAULT_CASES)}
     problems = []
     for name in filter(None, (n.strip() for n in names.split(";"))):
         if name not in known:

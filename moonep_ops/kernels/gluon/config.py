@@ -77,11 +77,11 @@ class GluonConfig:
 # Buffers with fewer rows than this per group (segments of a few rows: decode without padding,
 # many experts) skip the idle upper halves of their row tiles: most tiles are one segment's only
 # tile, mostly idle, and the skip halves their loads of ``a`` and their MMAs (on the layout sweep's
-# such cases, 0.55-0.67 of the measured limit before, 0.66-0.93 after). Not in the cooperative
-# fused config of long reductions in 8192 rows and more: there a buffer of an expert-parallel rank has few rows per
-# group (most groups are other ranks' experts, empty) while its live segments span several row
-# tiles, and the skip breaks the step of the programs that share weight tiles (kimi-k2 S=1024:
-# +7%). Elsewhere the skip is taken where the table below measured it faster, and otherwise on
+# such cases, 0.55-0.67 of the measured limit before, 0.66-0.93 after). Not in the fused GEMM of
+# long reductions in large buffers (``_long_fused``): there a buffer of an expert-parallel rank has
+# few rows per group (most groups are other ranks' experts, empty) while its live segments span
+# several row tiles, and the skip breaks the step of the programs that share weight tiles (kimi-k2
+# S=1024: +7%). Elsewhere the skip is taken where the table below measured it faster, and otherwise on
 # segments' only row tiles alone (``skip_lone_tiles_only``): no other row tile shares their weight
 # tiles, so such a tile finishing early puts no program out of step. Padded decode has mostly such
 # tiles (a 128-row segment with a few real rows); unpadded layouts, some (on the layout sweep's
@@ -95,10 +95,15 @@ def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 
     over ``groups`` segments (0: unknown)."""
     tiny = num_rows < TINY_SEGMENT_ROWS * groups
     cfg = _table_config(n, k, num_rows, fused, tiny)
-    long_cooperative_fused = fused and not cfg.pingpong and k >= 4096 and num_rows >= 8192
-    if not cfg.skip_idle_half and not long_cooperative_fused:
+    if not cfg.skip_idle_half and not (fused and _long_fused(k, num_rows)):
         cfg = dataclasses.replace(cfg, skip_idle_half=True, skip_lone_tiles_only=not tiny)
     return cfg
+
+
+def _long_fused(k: int, num_rows: int) -> bool:
+    """The fused GEMM's cooperative config of long reductions in large buffers (kimi-k2), whose
+    idle-half skip is its own."""
+    return k >= 4096 and num_rows >= 8192
 
 
 def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> GluonConfig:
@@ -106,7 +111,7 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> Glu
     # one its small stores cost more than the consumers' zeros after their items.
     tail_by_producer = k >= 2048
     if fused:
-        if k >= 4096 and num_rows >= 8192:
+        if _long_fused(k, num_rows):
             # Long compute-bound fused tiles: cooperative. The handoff and the idle-half skip gain
             # only on decode-sized kimi-k2 buffers, whose segments are one row tile each.
             return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768,
