@@ -23,10 +23,12 @@ layouts nobody tuned on)::
     python -m benchmarks.ab table "coop:fused.pingpong=False,fused.block_n=128,fused.stages=4" \
         --cases "llama4 K1 G8 epn4 S2048 z1.5 p1 s2;h7168-i4096 K8 G20 epn16 S512 z0.8 p1 s0" --rounds 6
 
-Prints one line per shape and padding (each variant's samples in µs, then their medians) and,
-with ``--out``, writes them as JSON. Nothing here is a result file of the repository. On the H200
-identical configs differ by up to 5-7% over two or three rounds at a 0.3 s settle: a change of a
-few per cent needs six rounds or more, and a longer settle.
+Prints one line per shape and padding: each variant's samples in µs and their median, then each
+variant against the first one as paired ratios (its sample over the first variant's of the same
+round: median and range), the measure a config decision rests on; with ``--out``, writes them as
+JSON. Nothing here is a result file of the repository. On the H200 identical configs differ by up to
+5-7% over two or three rounds at a 0.3 s settle: hence the defaults of six rounds and a 0.6 s settle,
+which a change of a few per cent needs.
 """
 
 import argparse
@@ -132,9 +134,11 @@ def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle
     from .fp8 import time_path
 
     call, out, live = _experts_call(shape, padding, fp8, layout or {})
-    row = {"shape": shape.name, "token_padding": padding, "samples": {v.name: [] for v in variants}, "errors": {}}
+    row = {"shape": shape.name, "token_padding": padding, "samples": {v.name: [] for v in variants}, "errors": {},
+           "rounds": []}
     ref = None
     for r in range(rounds):
+        row["rounds"].append({})
         for variant in round_order(variants, r):
             with table_replaced(variant, fp8):
                 rec = time_path(call, out, live, ref, reps, settle_s)
@@ -144,6 +148,7 @@ def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle
             if ref is None:
                 ref = out[:live].float().clone()
             row["samples"][variant.name].append(rec["us"])
+            row["rounds"][-1][variant.name] = rec["us"]
             if rec["err_vs_bf16"] > 1e-2 or not rec["tail_zero"]:
                 row["errors"][variant.name] = f"rel err {rec['err_vs_bf16']:.3g}, zero tail {rec['tail_zero']}"
     return row
@@ -165,11 +170,26 @@ def sweep_problems(names: str) -> list:
     return problems
 
 
+def paired_ratios(row, base: str) -> dict:
+    """Per other variant, its sample over ``base``'s in each round where both have one: ``(median,
+    lowest, highest)``, or None where no round has both."""
+    ratios = {}
+    for name in row["samples"]:
+        if name == base:
+            continue
+        pairs = [r[name] / r[base] for r in row["rounds"] if name in r and base in r]
+        ratios[name] = (statistics.median(pairs), min(pairs), max(pairs)) if pairs else None
+    return ratios
+
+
 def _line(row) -> str:
     cells = []
     for name, samples in row["samples"].items():
         med = f"{statistics.median(samples):7.0f}" if samples else "    n/a"
         cells.append(f"{name} {med} ({' '.join(f'{s:.0f}' for s in samples)})")
+    base = next(iter(row["samples"]))
+    for name, ratio in paired_ratios(row, base).items():
+        cells.append(f"{name}/{base} " + ("n/a" if ratio is None else "{:.3f} ({:.3f}-{:.3f})".format(*ratio)))
     bad = "".join(f" | {name}: {err[:80]}" for name, err in row["errors"].items())
     return f"{row['shape']:<28} pad={row['token_padding']:<3} | " + " | ".join(cells) + bad
 
@@ -183,9 +203,9 @@ def main(argv=None) -> int:
     parser.add_argument("--paddings", default="128,1")
     parser.add_argument("--cases", default=None, help="layout-sweep case names separated by ';' (python -m "
                                                       "benchmarks.sweep --list): these instead of the shapes")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--settle", type=float, default=0.3)
+    parser.add_argument("--settle", type=float, default=0.6, help="seconds of replays before each sample")
     parser.add_argument("--out", default=None, help="JSON file for the samples")
     args = parser.parse_args(argv)
     variants = [parse_variant(spec) for spec in args.variants]

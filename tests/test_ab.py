@@ -102,7 +102,20 @@ def test_run_case_times_each_variant_under_its_table_in_alternating_rounds(monke
     assert [first for _, first in seen] == [True] + [False] * 5
     assert row["samples"] == {"table": [100.0 + table_stages] * 2, "three": [103.0, 103.0], "two": []}
     assert row["errors"] == {"three": "rel err 0.5, zero tail True", "two": "RuntimeError: no"}
-    assert "table" in ab._line(row) and "two     n/a" in ab._line(row)
+    assert row["rounds"] == [{"table": 100.0 + table_stages, "three": 103.0}] * 2
+    line = ab._line(row)
+    assert "table" in line and "two     n/a" in line and "two/table n/a" in line
+
+
+def test_paired_ratios_pair_the_samples_of_each_round():
+    """Each variant over the first one round by round (the board's drift cancels within a round),
+    rounds where either failed left out."""
+    row = {"samples": {"a": [100.0, 120.0, 90.0], "b": [95.0, 99.0], "c": []},
+           "rounds": [{"a": 100.0, "b": 95.0}, {"a": 120.0}, {"a": 90.0, "b": 99.0}]}
+    ratios = ab.paired_ratios(row, "a")
+    assert ratios["c"] is None
+    assert ratios["b"] == pytest.approx((1.025, 0.95, 1.1))
+    assert "b/a 1.025 (0.950-1.100)" in ab._line({**row, "shape": "s", "token_padding": 1, "errors": {}})
 
 
 def test_sweep_cases_by_name_keep_their_layout():
@@ -127,7 +140,8 @@ def test_main_runs_the_named_cases_instead_of_the_shapes(monkeypatch):
 
     def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None):
         calls.append((shape.name, padding, layout, rounds))
-        return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {}}
+        return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
+                "rounds": [{"table": 1.0}]}
 
     monkeypatch.setattr(ab, "run_case", fake_run_case)
     assert ab.main(["table", "--cases", case.name, "--rounds", "6"]) == 0
