@@ -69,13 +69,20 @@ def _cases(names: list) -> str:
     return f"{len(names)} case{'' if len(names) == 1 else 's'}"
 
 
+def _confirmed(env: dict) -> str:
+    if not env.get("confirmed"):
+        return ""
+    return (f" The {env['confirmed']} cases lowest against the limit were timed {env['confirm_rounds']} more "
+            f"times, path and limit alternating: their figures are the medians of {env['confirm_rounds'] + 1} samples.")
+
+
 def render(result: dict) -> str:
     """Markdown for docs/performance.md: the run's context, the spread, the lowest cases."""
     env, s = result["env"], result["summary"]
     lines = [f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date'].split()[0]}; bf16; "
              f"{s['cases']} cases (case seed {env.get('case_seed', '?')}); each path and each part of the "
              f"limit replayed for {env.get('settle_s', 0):g} s, then median of {env.get('reps', '?')} "
-             f"CUDA-graph replays.", ""]
+             f"CUDA-graph replays." + _confirmed(env), ""]
     if "eff_limit" not in s:
         return "\n".join(lines + ["No case ran."]) + "\n"
     e, f = s["eff_limit"], s["eff_floor"]

@@ -20,9 +20,10 @@
 #   tune:          benchmarks.tune, the Triton forward configs; TUNE_ARGS adds arguments, e.g.
 #                  "--schedules --paddings 128 --roles fused_save"
 #   tune_backward: benchmarks.tune_backward, the backward configs; TUNE_ROLES picks roles
-#   sweep:         benchmarks.sweep, the layout sweep (about 6 minutes; JSON, log, and its summary
-#                  into summary.txt); SWEEP_ARGS adds arguments, e.g. "--quick"; stops starting cases
-#                  after SWEEP_SECONDS (default 540), so that one device command keeps its results
+#   sweep:         benchmarks.sweep, the layout sweep (about 6 minutes, then a minute re-timing its
+#                  lowest cases; JSON, log, and its summary into summary.txt); SWEEP_ARGS adds
+#                  arguments, e.g. "--quick"; stops starting cases after SWEEP_SECONDS (default 480),
+#                  so that one device command keeps its results
 # PYTEST_K / FUZZ_K: a pytest -k filter for the test steps / the fuzz step (a re-run of what a
 # change touched).
 #
@@ -123,7 +124,7 @@ if want bench; then
   run_tool train python3 -m benchmarks.train --out "$OUT/train.json"
 fi
 if named sweep; then
-  run_tool sweep python3 -m benchmarks.sweep --max-seconds "${SWEEP_SECONDS:-540}" ${SWEEP_ARGS:-} --out "$OUT/sweep.json"
+  run_tool sweep python3 -m benchmarks.sweep --max-seconds "${SWEEP_SECONDS:-480}" ${SWEEP_ARGS:-} --out "$OUT/sweep.json"
   [ -f "$OUT/sweep.json" ] && python3 -m benchmarks.report --sweep --results "$OUT/sweep.json" --stdout \
     | tee -a "$OUT/summary.txt"
 fi
