@@ -72,8 +72,10 @@ def _cases(names: list) -> str:
 def _confirmed(env: dict) -> str:
     if not env.get("confirmed"):
         return ""
-    return (f" The {env['confirmed']} cases lowest against the limit were timed {env['confirm_rounds']} more "
-            f"times, path and limit alternating: their figures are the medians of {env['confirm_rounds'] + 1} samples.")
+    rounds = env["confirm_rounds"]
+    again = "once more" if rounds == 1 else f"{rounds} more times"
+    return (f" The {env['confirmed']} cases lowest against the limit were timed {again}, path and limit "
+            f"alternating: their figures are the medians of {rounds + 1} samples.")
 
 
 def render(result: dict) -> str:
