@@ -203,8 +203,8 @@ def main(argv=None) -> int:
         if args.out:
             write(args.out, {"env": env, "cases": records, "summary": summarize(records)})
     by_name = {case.name: case for case in cases}
-    confirmed = lowest_cases(records, args.confirm if args.confirm_rounds > 0 else 0)
-    for rec in confirmed:
+    confirmed = 0
+    for rec in lowest_cases(records, args.confirm if args.confirm_rounds > 0 else 0):
         index = cases.index(by_name[rec["name"]])
         try:
             samples = confirm_samples(by_name[rec["name"]], meter, args.reps, args.settle, args.confirm_rounds)
@@ -212,8 +212,9 @@ def main(argv=None) -> int:
             print(f"# {rec['name']}: not confirmed, {type(exc).__name__}: {exc}"[:300], flush=True)
             continue
         merge_confirmation(rec, samples)
+        confirmed += 1
         print(f"confirmed {case_line(index, rec)}", flush=True)
-    env.update(confirmed=len(confirmed), confirm_rounds=args.confirm_rounds, wall_s=time.perf_counter() - start)
+    env.update(confirmed=confirmed, confirm_rounds=args.confirm_rounds, wall_s=time.perf_counter() - start)
     result = {"env": env, "cases": records, "summary": summarize(records)}
     if args.out:
         write(args.out, result)
