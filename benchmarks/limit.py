@@ -29,6 +29,15 @@ from .timing import median_replay_ms
 READ_CAP_BYTES = 2 ** 31
 
 
+def limit_figures(gemm_us: float, read_us: float, flops: float, nbytes: float) -> dict:
+    """The limit from its two parts' times: ``us`` (the larger), ``bound`` (which), both parts and
+    their rates for ``flops`` FLOPs and ``nbytes`` bytes."""
+    return {"us": max(gemm_us, read_us), "bound": "compute" if gemm_us >= read_us else "memory",
+            "gemm_us": gemm_us, "read_us": read_us,
+            "gemm_tflops": flops / gemm_us / 1e6 if gemm_us else 0.0,
+            "read_tbps": nbytes / read_us / 1e6 if read_us else 0.0}
+
+
 class LimitMeter:
     """Measures :func:`limit <LimitMeter.measure>` for problem after problem, reusing its buffers."""
 
@@ -43,11 +52,7 @@ class LimitMeter:
         and ``nbytes`` bytes moved; ``us`` is the larger part, ``bound`` names it."""
         gemm_us = self.gemm_pair_us(rows, hidden, inter)
         read_us, read_bytes = self.read_us(nbytes)
-        flops = 6 * rows * hidden * inter
-        return {"us": max(gemm_us, read_us), "bound": "compute" if gemm_us >= read_us else "memory",
-                "gemm_us": gemm_us, "read_us": read_us,
-                "gemm_tflops": flops / gemm_us / 1e6 if gemm_us else 0.0,
-                "read_tbps": nbytes / read_us / 1e6 if read_us else 0.0,
+        return {**limit_figures(gemm_us, read_us, 6 * rows * hidden * inter, nbytes),
                 "read_bytes": read_bytes, "l2_fit": nbytes <= self.l2_bytes}
 
     def gemm_pair_us(self, rows: int, hidden: int, inter: int) -> float:

@@ -121,20 +121,18 @@ def merge_confirmation(rec: dict, samples: dict) -> None:
     """``rec``'s ``moonep`` time and limit as the medians of its pass and ``samples``
     (:func:`confirm_samples`), its efficiencies and rates recomputed; the samples kept under
     ``"confirm"``."""
-    ours, lim = rec["moonep"], rec["limit"]
-    merged = {"moonep_us": [ours["us"]] + samples["moonep_us"], "gemm_us": [lim["gemm_us"]] + samples["gemm_us"],
-              "read_us": [lim["read_us"]] + samples["read_us"]}
+    from .limit import limit_figures
+    from .run import add_efficiencies
+
+    lim = rec["limit"]
+    merged = {"moonep_us": [rec["moonep"]["us"]] + samples["moonep_us"],
+              "gemm_us": [lim["gemm_us"]] + samples["gemm_us"], "read_us": [lim["read_us"]] + samples["read_us"]}
     rec["confirm"] = merged
-    us = statistics.median(merged["moonep_us"])
-    ours["tflops"], ours["tbps"] = ours["tflops"] * ours["us"] / us, ours["tbps"] * ours["us"] / us
-    ours["us"] = us
-    gemm_us, read_us = statistics.median(merged["gemm_us"]), statistics.median(merged["read_us"])
-    flops = 6 * rec["rows"] * rec["hidden"] * rec["inter"]  # the limit's GEMM pair (limit.LimitMeter.measure)
-    lim.update(us=max(gemm_us, read_us), bound="compute" if gemm_us >= read_us else "memory", gemm_us=gemm_us,
-               read_us=read_us, gemm_tflops=flops / gemm_us / 1e6, read_tbps=rec["bytes"] / read_us / 1e6)
-    for name in PATH_NAMES:
-        if "us" in rec.get(name, {}):
-            rec[name].update(eff=rec["floor_us"] / rec[name]["us"], eff_limit=lim["us"] / rec[name]["us"])
+    rec["moonep"]["us"] = statistics.median(merged["moonep_us"])
+    flops = 6 * rec["rows"] * rec["hidden"] * rec["inter"]  # the path's and the limit's GEMM pair
+    lim.update(limit_figures(statistics.median(merged["gemm_us"]), statistics.median(merged["read_us"]), flops,
+                             rec["bytes"]))
+    add_efficiencies(rec, [name for name in PATH_NAMES if "us" in rec.get(name, {})], flops, rec["bytes"])
 
 
 def lowest_cases(records: list, count: int) -> list:
@@ -202,12 +200,12 @@ def main(argv=None) -> int:
         env["wall_s"] = time.perf_counter() - start
         if args.out:
             write(args.out, {"env": env, "cases": records, "summary": summarize(records)})
-    by_name = {case.name: case for case in cases}
+    listed = {case.name: (i, case) for i, case in enumerate(cases)}
     confirmed = 0
     for rec in lowest_cases(records, args.confirm if args.confirm_rounds > 0 else 0):
-        index = cases.index(by_name[rec["name"]])
+        index, case = listed[rec["name"]]
         try:
-            samples = confirm_samples(by_name[rec["name"]], meter, args.reps, args.settle, args.confirm_rounds)
+            samples = confirm_samples(case, meter, args.reps, args.settle, args.confirm_rounds)
         except Exception as exc:  # the pass's figures stay
             print(f"# {rec['name']}: not confirmed, {type(exc).__name__}: {exc}"[:300], flush=True)
             continue
