@@ -128,30 +128,38 @@ def test_split_ring_needs_pingpong_even_stages_and_no_handoff(fields):
 
 def test_fp8_configs():
     """The FP8 GEMMs: 128-deep K blocks (the scale block), 128 columns (one weight-scale block; the
-    fused GEMM's act scale group), two ping-pong consumers. Under 64 rows per group (decode) or with
-    small experts: 64-row items on split rings, two stages each for the fused GEMM, four for the
-    plain one, idle tiles skipped where the kernel finds two-tile segments. Elsewhere both consumers
-    on each 128-row item (split rows), four stages for the fused GEMM and six for the plain one,
-    idle upper halves of lone tiles skipped except in buffers of 32768 rows and more."""
+    fused GEMM's act scale group), two ping-pong consumers. Under 64 rows per group (decode), or
+    with small experts up to 256 rows per group (or an unknown group count): 64-row items on split
+    rings, two stages each for the fused GEMM, four for the plain one, idle tiles skipped where the
+    kernel finds two-tile segments. Elsewhere both consumers on each 128-row item (split rows), four
+    stages for the fused GEMM and six for the plain one, idle upper halves of lone tiles skipped
+    except for large experts in buffers of 32768 rows and more."""
     pick = configs.gluon_fp8_config
     ring = dict(block_m=64, block_n=128, block_k=128, pingpong=True, split_ring=True, tail_by_producer=True,
                 skip_idle_tiles=True)
+    # kimi-k2 decode, S=1024 and under 64 rows per group; qwen3-30b-a3b unpadded S=64, padded S=64
+    # (250 rows per group), at 256 rows per group, unpadded S=4096 (248), with no group count
     for nvs, groups, n, k in ((13312, 388, 2048, 7168), (20480, 388, 2048, 7168), (1024, 388, 2048, 7168),
-                              (1500, 104, 2048, 7168), (512, 128, 768, 2048), (48896, 128, 768, 2048)):
+                              (1500, 104, 2048, 7168), (512, 132, 1536, 2048), (33024, 132, 1536, 2048),
+                              (16384, 64, 1536, 2048), (32768, 132, 1536, 2048), (48896, 0, 1536, 2048)):
         assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, **ring)
         plain = dict(ring, tail_by_producer=n >= 2048)  # (the down GEMM's reduction is I)
         assert pick(k, n, nvs, fused=False, groups=groups) == configs.GluonConfig(stages=8, **plain)
     rows = dict(block_m=128, block_n=128, block_k=128, pingpong=True, split_rows=True, tail_by_producer=True,
                 skip_lone_tiles_only=True)
+    # kimi-k2 prefill, S=1024 at 64 rows per group, llama4, with no group count; qwen3-30b-a3b padded
+    # S=2048 (370 rows per group), just above 256 rows per group, and a prefill-sized buffer
     for nvs, groups, n, k, skip in ((45056, 388, 2048, 7168, False), (32768, 388, 2048, 7168, False),
                                     (24832, 388, 2048, 7168, True), (6144, 20, 8192, 5120, True),
-                                    (2048, 20, 8192, 5120, True), (45056, 0, 2048, 7168, False)):
+                                    (2048, 20, 8192, 5120, True), (45056, 0, 2048, 7168, False),
+                                    (48896, 132, 1536, 2048, True), (16448, 64, 1536, 2048, True),
+                                    (163072, 388, 1536, 2048, True)):
         assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, skip_idle_half=skip,
                                                                                  **rows)
         plain = dict(rows, tail_by_producer=n >= 2048)  # (the down GEMM's reduction is I)
         assert pick(k, n, nvs, fused=False, groups=groups) == configs.GluonConfig(stages=6, skip_idle_half=skip,
                                                                                   **plain)
-    assert not pick(2048, 768, 48896, fused=False, groups=128).tail_by_producer  # qwen3 down: K = 768
+    assert not pick(2048, 768, 48896, fused=False, groups=132).tail_by_producer  # qwen3 down: K = 768
 
 
 @pytest.mark.parametrize("fields", [dict(pingpong=False), dict(split_ring=True, stages=4), dict(block_m=64),

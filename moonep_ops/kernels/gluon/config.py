@@ -146,9 +146,18 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> Glu
 
 
 # Weight elements per group (N x K) from which the FP8 GEMMs split 128-row items between their
-# consumers (kimi-k2: 14.7M, llama4: 42M); smaller experts (qwen3-30b-a3b: 1.6M) keep 64-row items
-# on split rings, which measured 7% faster on its padded decode.
+# consumers in any buffer of ``TINY_SEGMENT_ROWS`` rows per group or more (kimi-k2: 14.7M, llama4:
+# 42M). Smaller experts (qwen3-30b-a3b: 1.6M and 3.1M, qwen3-235b-a22b's down GEMM: 6.3M) do so only
+# in buffers of more than ``MULTI_TILE_ROWS`` rows per group.
 LARGE_EXPERT = 8 << 20
+# Rows per group above which a buffer of small experts holds segments of several row tiles: two
+# 128-row tiles. MoonEP's padding reserves up to 2 x 127 rows per expert, so padded decode buffers
+# sit at or just under it (qwen3 S=64: 250 rows per group, a layout-sweep case of 16 real rows per
+# group: 256; unpadded qwen3 S=4096 over 132 groups: 248). There, 64-row items on split rings keep
+# both consumers on live tiles (split rows: 6%, 2% and 4% slower on those); above it split rows read
+# each weight tile once for both consumers (6-12% faster on padded qwen3 S=512 to 8192 and the
+# layout sweep's padded qwen3-30b cases of 272-420 rows per group; docs/fp8.md).
+MULTI_TILE_ROWS = 256
 
 
 def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0) -> GluonConfig:
@@ -158,27 +167,31 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
     product, so the two consumers' main loops run at once, each scaling under the other's MMAs:
 
     - ``split_rows`` for large experts (``LARGE_EXPERT`` weight elements per group and more: the
-      long items of kimi-k2, llama4) in buffers of ``TINY_SEGMENT_ROWS`` rows per group or more:
-      both consumers on every 128-row item, each on its own 64 rows, one ring whose weight tiles
-      both read: half the weight bytes per FLOP of 64-row items (0.6x the L2 bytes in the gate/up
-      GEMM, 0.67x in the down GEMM). Four 48 KiB stages (gate/up GEMM) or six 32 KiB ones (down
-      GEMM). A segment's only row tile with an idle upper half runs on the lower consumer alone,
-      its producer loading the lower half (``skip_idle_half``, ``skip_lone_tiles_only``), except
-      in buffers of 32768 rows and more (prefill), where the check's registers (48 against 24 B
-      of stack in the gate/up GEMM) cost more than the skipped halves save.
+      long items of kimi-k2, llama4) in buffers of ``TINY_SEGMENT_ROWS`` rows per group or more, and
+      for smaller experts in buffers of more than ``MULTI_TILE_ROWS`` rows per group: both consumers
+      on every 128-row item, each on its own 64 rows, one ring whose weight tiles both read: half the
+      weight bytes per FLOP of 64-row items (0.6x the L2 bytes in the gate/up GEMM, 0.67x in the
+      down GEMM). Four 48 KiB stages (gate/up GEMM) or six 32 KiB ones (down GEMM). A segment's only
+      row tile with an idle upper half runs on the lower consumer alone, its producer loading the
+      lower half (``skip_idle_half``, ``skip_lone_tiles_only``), except for large experts in buffers
+      of 32768 rows and more (prefill), where the check's registers (48 against 24 B of stack in the
+      gate/up GEMM) cost more than the skipped halves save.
     - ``split_ring`` elsewhere: decode (MoonEP's 128-row padded segments of a few rows each, or
       unpadded segments of a few rows: under ``TINY_SEGMENT_ROWS`` rows per group) and small
-      experts (qwen3-30b-a3b). 64-row items on each consumer's own half of the ring and producer,
-      one consumer's epilogue under the other's main loop, and a segment's idle last 64-row tile
-      skipped on an odd grid where the live segments hold two such tiles each
+      experts in buffers of up to ``MULTI_TILE_ROWS`` rows per group. 64-row items on each consumer's own half of the
+      ring and producer, one consumer's epilogue under the other's main loop, and a segment's idle
+      last 64-row tile skipped on an odd grid where the live segments hold two such tiles each
       (``skip_idle_tiles``). On padded decode both consumers then work on live tiles, where split
       rows would leave the upper consumer idle.
 
     docs/fp8.md gives the measurements."""
-    if num_rows < TINY_SEGMENT_ROWS * groups or n * k < LARGE_EXPERT:
+    large = n * k >= LARGE_EXPERT
+    tiny = num_rows < TINY_SEGMENT_ROWS * groups
+    multi_tile = groups > 0 and num_rows > MULTI_TILE_ROWS * groups  # (groups 0: unknown)
+    if tiny or not (large or multi_tile):
         return GluonConfig(block_m=64, block_n=128, block_k=128, stages=4 if fused else 8, pingpong=True,
                            split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True)
-    long_items = num_rows >= 32768
+    long_items = large and num_rows >= 32768
     return GluonConfig(block_m=128, block_n=128, block_k=128, stages=4 if fused else 6, pingpong=True,
                        split_rows=True, tail_by_producer=k >= 2048, skip_idle_half=not long_items,
                        skip_lone_tiles_only=True)
