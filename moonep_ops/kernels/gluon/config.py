@@ -181,8 +181,8 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
       experts in buffers of up to ``MULTI_TILE_ROWS`` rows per group. 64-row items on each
       consumer's own half of the ring and producer, one consumer's epilogue under the other's main
       loop, and a segment's idle last 64-row tile skipped on an odd grid where the live segments
-      hold two such tiles each (``skip_idle_tiles``). On padded decode both consumers then work on live tiles, where split
-      rows would leave the upper consumer idle.
+      hold two such tiles each (``skip_idle_tiles``). On padded decode both consumers then work on
+      live tiles, where split rows would leave the upper consumer idle.
 
     docs/fp8.md gives the measurements."""
     large = n * k >= LARGE_EXPERT
