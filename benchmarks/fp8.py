@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import moonep_ops
 from moonep_ops import fp8
 
-from .limit import LimitMeter
+from .limit import LimitMeter, limit_figures
 from .shapes import SHAPES, build_problem
 from .timing import environment, median_replay_ms
 
@@ -87,6 +87,14 @@ def fp8_bytes(sizes, shape) -> int:
     return sum(1 for s in sizes if s) * per_group + 2 * rows * h * 2 + rows * 4
 
 
+def fp8_limit(meter: LimitMeter, rows: int, hidden: int, inter: int, nbytes: int) -> dict:
+    """The FP8 path's limit (:func:`benchmarks.limit.limit_figures`): the dense FP8 GEMM pair of
+    ``rows`` rows and a read of ``nbytes`` bytes (:func:`fp8_bytes`), the larger of the two."""
+    gemm_us = fp8_gemm_pair_us(meter, rows, hidden, inter)
+    read_us, _ = meter.read_us(nbytes)
+    return {**limit_figures(gemm_us, read_us, 6 * rows * hidden * inter, nbytes), "bytes": nbytes}
+
+
 def fp8_gemm_pair_us(meter: LimitMeter, rows: int, hidden: int, inter: int) -> float:
     """µs of the dense FP8 GEMM pair with row-wise scales (cuBLAS ``_scaled_mm``)."""
     a = meter.take("a", rows * hidden).view(rows, hidden).to(E4M3)
@@ -116,6 +124,19 @@ def time_path(fn, out, live, ref, reps, settle_s) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
+def bf16_experts(x, wg, wu, wd, cu, rw, out):
+    """The bf16 experts op on one problem, as a call that writes ``out``."""
+    return lambda: moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out)
+
+
+def fp8_experts(x, weights, scales, cu, rw, out):
+    """The FP8 experts op on e4m3 ``weights`` (gate, up, down) and their block ``scales``, as a call
+    that writes ``out``."""
+    (qg, qu, qd), (sg, su, sd) = weights, scales
+    return lambda: moonep_ops.moonep_experts(x, qg, qu, qd, cu, rw, out=out, w_gate_scale=sg, w_up_scale=su,
+                                             w_down_scale=sd)
+
+
 def run_shape(shape, padding, meter, reps, settle_s) -> dict:
     x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
     live = sum(sizes)
@@ -123,26 +144,19 @@ def run_shape(shape, padding, meter, reps, settle_s) -> dict:
     torch_fp8 = TorchFp8(wg, wu, wd)
     out = torch.empty_like(x)
     row = {"shape": shape.name, "token_padding": padding, "nvs": x.shape[0], "rows": live}  # rows in segments
-    row["moonep_bf16"] = time_path(lambda: moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out),
-                                   out, live, None, reps, settle_s)
+    row["moonep_bf16"] = time_path(bf16_experts(x, wg, wu, wd, cu, rw, out), out, live, None, reps, settle_s)
     ref = out[:live].float().clone()
     del wg, wu, wd
-
-    def fp8_experts(w_gate, w_up, w_down):
-        return lambda: moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, out=out, w_gate_scale=sg,
-                                                 w_up_scale=su, w_down_scale=sd)
-
-    row["moonep_fp8_row_major"] = time_path(fp8_experts(qg, qu, qd), out, live, ref, reps, settle_s)
+    scales = (sg, su, sd)
+    row["moonep_fp8_row_major"] = time_path(fp8_experts(x, (qg, qu, qd), scales, cu, rw, out), out, live, ref,
+                                            reps, settle_s)
     qg, qu, qd = (fp8.to_block_major(w) for w in (qg, qu, qd))
-    row["moonep_fp8"] = time_path(fp8_experts(qg, qu, qd), out, live, ref, reps, settle_s)
+    row["moonep_fp8"] = time_path(fp8_experts(x, (qg, qu, qd), scales, cu, rw, out), out, live, ref, reps,
+                                  settle_s)
     row["torch_fp8"] = time_path(lambda: torch_fp8(x, cu, rw, out), out, live, ref, reps, settle_s)
     del qg, qu, qd, torch_fp8
     torch.cuda.empty_cache()
-    nbytes = fp8_bytes(sizes, shape)
-    gemm_us = fp8_gemm_pair_us(meter, live, shape.hidden, shape.inter)
-    read_us, _ = meter.read_us(nbytes)
-    row["limit"] = {"us": max(gemm_us, read_us), "bound": "compute" if gemm_us >= read_us else "memory",
-                    "gemm_us": gemm_us, "read_us": read_us, "bytes": nbytes}
+    row["limit"] = fp8_limit(meter, live, shape.hidden, shape.inter, fp8_bytes(sizes, shape))
     for name in ("moonep_bf16", "moonep_fp8", "moonep_fp8_row_major", "torch_fp8"):
         if "us" in row[name]:
             row[name]["eff_limit"] = row["limit"]["us"] / row[name]["us"]

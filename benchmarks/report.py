@@ -14,7 +14,9 @@ With ``--sweep``, the layout sweep's summary (``benchmarks.sweep --out``, render
 :mod:`benchmarks.sweep_summary`) between ``<!-- sweep-summary:begin -->`` and
 ``<!-- sweep-summary:end -->`` in docs/performance.md. With ``--fp8``, the FP8 table (``benchmarks.fp8
 --out``, rendered by :mod:`benchmarks.fp8_table`) between ``<!-- fp8-table:begin -->`` and
-``<!-- fp8-table:end -->`` in docs/fp8.md. No GPU and no torch needed.
+``<!-- fp8-table:end -->`` in docs/fp8.md. With ``--fp8-sweep``, the FP8 layout sweep's summary
+(``benchmarks.sweep --fp8 --out``) between ``<!-- fp8-sweep:begin -->`` and ``<!-- fp8-sweep:end -->``
+in docs/fp8.md. No GPU and no torch needed.
 
     python -m benchmarks.report [--results benchmarks/results/bench_h200.json] [--readme README.md]
     python -m benchmarks.report --check    # exit 1 if the README's table is not what the JSON gives
@@ -23,6 +25,8 @@ With ``--sweep``, the layout sweep's summary (``benchmarks.sweep --out``, render
                                 [--readme docs/performance.md] [--check | --stdout]
     python -m benchmarks.report --fp8 [--results benchmarks/results/fp8_h200.json]
                               [--readme docs/fp8.md] [--check | --stdout]
+    python -m benchmarks.report --fp8-sweep [--results benchmarks/results/sweep_fp8_h200.json]
+                                    [--readme docs/fp8.md] [--check | --stdout]
 
 Exits 1, printing the text, if the file has no such pair of markers.
 """
@@ -44,8 +48,11 @@ SWEEP_BEGIN = "<!-- sweep-summary:begin -->"
 SWEEP_END = "<!-- sweep-summary:end -->"
 FP8_BEGIN = "<!-- fp8-table:begin -->"
 FP8_END = "<!-- fp8-table:end -->"
+FP8_SWEEP_BEGIN = "<!-- fp8-sweep:begin -->"
+FP8_SWEEP_END = "<!-- fp8-sweep:end -->"
 DEFAULTS = {"readme": ("bench_h200.json", "README.md"), "sweep": ("sweep_h200.json", "docs/performance.md"),
-            "fp8": ("fp8_h200.json", "docs/fp8.md")}  # each mode's JSON (in benchmarks/results) and file
+            "fp8": ("fp8_h200.json", "docs/fp8.md"),
+            "fp8_sweep": ("sweep_fp8_h200.json", "docs/fp8.md")}  # each mode's JSON (in benchmarks/results) and file
 BASE, OURS = "vllm", "moonep"  # the paths of benchmarks/paths.py the table compares
 
 
@@ -136,8 +143,11 @@ def _parse(argv):
     which.add_argument("--sweep", action="store_true",
                        help="the layout sweep's summary into docs/performance.md instead of the README table")
     which.add_argument("--fp8", action="store_true", help="the FP8 table into docs/fp8.md instead of the README table")
+    which.add_argument("--fp8-sweep", action="store_true",
+                       help="the FP8 layout sweep's summary into docs/fp8.md instead of the README table")
     parser.add_argument("--results", default=None,
-                        help="the JSON (default benchmarks/results/bench_h200.json, sweep_h200.json or fp8_h200.json)")
+                        help="the JSON (default benchmarks/results/bench_h200.json, sweep_h200.json, fp8_h200.json "
+                             "or sweep_fp8_h200.json)")
     parser.add_argument("--readme", "--doc", dest="readme", default=None,
                         help="the file to write (default README.md, docs/performance.md or docs/fp8.md)")
     parser.add_argument("--padding", type=int, default=128, help="the token_padding whose rows the table shows")
@@ -149,7 +159,8 @@ def _parse(argv):
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    json_name, doc = DEFAULTS["sweep" if args.sweep else "fp8" if args.fp8 else "readme"]
+    mode = "sweep" if args.sweep else "fp8" if args.fp8 else "fp8_sweep" if args.fp8_sweep else "readme"
+    json_name, doc = DEFAULTS[mode]
     results = pathlib.Path(args.results or ROOT / "benchmarks" / "results" / json_name)
     target = pathlib.Path(args.readme or ROOT / doc)
     if not results.is_file():
@@ -160,6 +171,8 @@ def main(argv=None) -> int:
         table, begin, end = sweep_summary.render(result), SWEEP_BEGIN, SWEEP_END
     elif args.fp8:
         table, begin, end = render_fp8(result), FP8_BEGIN, FP8_END
+    elif args.fp8_sweep:
+        table, begin, end = sweep_summary.render(result), FP8_SWEEP_BEGIN, FP8_SWEEP_END
     else:
         table, begin, end = render(result, args.padding), BEGIN, END
     if args.stdout:
@@ -168,7 +181,8 @@ def main(argv=None) -> int:
     return _write(target, table, begin, end, results, args.check)
 
 
-_FLAG = {SWEEP_BEGIN: " --sweep", FP8_BEGIN: " --fp8"}  # the option that writes each region
+# the option that writes each region
+_FLAG = {SWEEP_BEGIN: " --sweep", FP8_BEGIN: " --fp8", FP8_SWEEP_BEGIN: " --fp8-sweep"}
 
 
 def _write(target: pathlib.Path, table: str, begin: str, end: str, results, check: bool) -> int:

@@ -127,13 +127,14 @@ def measure_path(fn, problem: tuple, live: int, ref, reps: int, settle_s: float)
 
 
 def add_efficiencies(row: dict, paths, flops: float, nbytes: float) -> None:
-    """Adds to each timed path of ``row`` its efficiency against the floor (``eff``) and against
-    the measured limit (``eff_limit``), and its FLOP and byte rates."""
+    """Adds to each timed path of ``row`` its efficiency against the floor (``eff``, where ``row``
+    has a ``floor_us``) and against the measured limit (``eff_limit``), and its FLOP and byte rates."""
     for name in paths:
         r = row[name]
         if "us" in r:
-            r.update(eff=row["floor_us"] / r["us"], eff_limit=row["limit"]["us"] / r["us"],
-                     tflops=flops / r["us"] / 1e6, tbps=nbytes / r["us"] / 1e6)
+            r.update(eff_limit=row["limit"]["us"] / r["us"], tflops=flops / r["us"] / 1e6, tbps=nbytes / r["us"] / 1e6)
+            if "floor_us" in row:
+                r["eff"] = row["floor_us"] / r["us"]
 
 
 def main(argv=None):

@@ -23,30 +23,50 @@ against the limit ``--confirm-rounds`` more times, the ``moonep`` path and the l
 alternating order; those cases' figures are then the medians of all their samples (the record keeps
 the samples under ``"confirm"``).
 
+``--fp8`` sweeps the FP8 experts op instead (:mod:`benchmarks.fp8`: e4m3 weights with 128 x 128
+block scales, block-major): per case the bf16 experts op (``moonep_bf16``), then the FP8 one
+(``moonep_fp8``, checked against it on the live rows: the quantization error, and its tail for
+zeros), and the FP8 limit (a dense FP8 cuBLAS GEMM pair and a read of the FP8 path's bytes); its
+lowest cases are confirmed the same way.
+
 The JSON (``--out``, rewritten after every case, so a run cut short keeps what it measured) holds
 ``env``, every case and a ``summary`` (:mod:`benchmarks.sweep_summary`: worst case, spread of
-efficiency, worst per bound, speedup over vLLM). One line per case is printed as it finishes.
+efficiency, worst per bound, speedup over the base path). One line per case is printed as it
+finishes.
 
-    python -m benchmarks.sweep [--out sweep.json] [--quick] [--cases 120] [--reps 50] [--settle 0.3]
+    python -m benchmarks.sweep [--out sweep.json] [--fp8] [--quick] [--cases 120] [--reps 50] [--settle 0.3]
                                [--confirm 8] [--confirm-rounds 2] [--max-seconds S] [--list]
     python -m benchmarks.report --sweep --results sweep.json   # the summary into docs/performance.md
+    python -m benchmarks.report --fp8-sweep --results sweep_fp8.json   # the FP8 sweep's into docs/fp8.md
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import time
 
 from .sweep_cases import CASE_SEED, sweep_cases
-from .sweep_summary import render, summarize
+from .sweep_summary import KINDS, render, summarize
 
 DEFAULT_CASES = 120
 PATH_NAMES = ("vllm", "moonep")  # the first is the reference the second is checked against
+FP8_PATH_NAMES = ("moonep_bf16", "moonep_fp8")  # likewise, for --fp8
 
 
-def run_case(case, meter, reps: int, settle_s: float) -> dict:
+def case_fields(case, nvs: int, sizes) -> dict:
+    """The figures of one case's layout that its record starts with."""
+    return {"name": case.name, "model": case.model, "hidden": case.hidden, "inter": case.inter,
+            "topk": case.topk, "experts": case.experts, "groups": case.groups, "epn": case.epn,
+            "tokens": case.tokens, "skew": case.skew, "token_padding": case.token_padding, "seed": case.seed,
+            "nvs": nvs, "rows": sum(sizes), "nonempty": sum(1 for s in sizes if s)}
+
+
+def run_case(case, meter, reps: int, settle_s: float, kind: str = "bf16") -> dict:
     """One case's record: its layout's figures, each path's timing, the limit, the efficiencies."""
+    if kind == "fp8":
+        return run_case_fp8(case, meter, reps, settle_s)
     import torch
 
     from .paths import PATHS
@@ -57,11 +77,7 @@ def run_case(case, meter, reps: int, settle_s: float) -> dict:
     x, wg, wu, wd, cu, rw, sizes = build_problem(shape, case.token_padding, seed=case.seed, skew=case.skew)
     floor, flops, nbytes, floor_bound = floor_us(sizes, shape)
     live = sum(sizes)
-    rec = {"name": case.name, "model": case.model, "hidden": case.hidden, "inter": case.inter,
-           "topk": case.topk, "experts": case.experts, "groups": case.groups, "epn": case.epn,
-           "tokens": case.tokens, "skew": case.skew, "token_padding": case.token_padding, "seed": case.seed,
-           "nvs": x.shape[0], "rows": live, "nonempty": sum(1 for s in sizes if s),
-           "floor_us": floor, "floor_bound": floor_bound, "bytes": nbytes}
+    rec = {**case_fields(case, x.shape[0], sizes), "floor_us": floor, "floor_bound": floor_bound, "bytes": nbytes}
     ref = None
     for name in PATH_NAMES:
         rec[name], ref = measure_path(PATHS[name], (x, wg, wu, wd, cu, rw), live, ref, reps, settle_s)
@@ -72,13 +88,55 @@ def run_case(case, meter, reps: int, settle_s: float) -> dict:
     return rec
 
 
-def run_case_or_error(case, meter, reps: int, settle_s: float) -> dict:
+def fp8_problem(case):
+    """One case's FP8 problem: ``(x, weights, scales, cu, rw, sizes, bf16 weights)``, the e4m3
+    weights block-major."""
+    from moonep_ops import fp8
+
+    from .shapes import build_problem
+
+    x, wg, wu, wd, cu, rw, sizes = build_problem(case.shape(), case.token_padding, seed=case.seed, skew=case.skew)
+    weights, scales = [], []
+    for w in (wg, wu, wd):  # one row-major e4m3 copy at a time (the largest cases hold 64 GiB of bf16)
+        q, scale = fp8.quantize_weight(w)
+        weights.append(fp8.to_block_major(q))
+        scales.append(scale)
+        del q
+    return x, tuple(weights), tuple(scales), cu, rw, sizes, (wg, wu, wd)
+
+
+def run_case_fp8(case, meter, reps: int, settle_s: float) -> dict:
+    """One case's record on the FP8 path (``--fp8``): the bf16 and the FP8 experts op, the FP8 limit."""
+    import torch
+
+    from . import fp8 as fp8_bench
+    from .run import add_efficiencies
+
+    x, weights, scales, cu, rw, sizes, (wg, wu, wd) = fp8_problem(case)
+    shape, live = case.shape(), sum(sizes)
+    nbytes = fp8_bench.fp8_bytes(sizes, shape)
+    rec = {**case_fields(case, x.shape[0], sizes), "bytes": nbytes}
+    out = torch.empty_like(x)
+    rec["moonep_bf16"] = fp8_bench.time_path(fp8_bench.bf16_experts(x, wg, wu, wd, cu, rw, out), out, live, None,
+                                             reps, settle_s)
+    ref = out[:live].float().clone()
+    del wg, wu, wd
+    rec["moonep_fp8"] = fp8_bench.time_path(fp8_bench.fp8_experts(x, weights, scales, cu, rw, out), out, live, ref,
+                                            reps, settle_s)
+    del x, weights, scales, cu, rw, out, ref
+    torch.cuda.empty_cache()
+    rec["limit"] = fp8_bench.fp8_limit(meter, live, case.hidden, case.inter, nbytes)
+    add_efficiencies(rec, FP8_PATH_NAMES, 6 * live * case.hidden * case.inter, nbytes)
+    return rec
+
+
+def run_case_or_error(case, meter, reps: int, settle_s: float, kind: str = "bf16") -> dict:
     """:func:`run_case`, or ``{"name", "error"}`` when the case cannot be built or measured (out of
     memory, say): one case does not end the sweep."""
     import torch
 
     try:
-        return run_case(case, meter, reps, settle_s)
+        return run_case(case, meter, reps, settle_s, kind)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
     meter.release()
@@ -86,73 +144,101 @@ def run_case_or_error(case, meter, reps: int, settle_s: float) -> dict:
     return {"name": case.name, "error": error}
 
 
-def confirm_samples(case, meter, reps: int, settle_s: float, rounds: int) -> dict:
-    """``rounds`` more samples of one case's ``moonep`` time and limit parts (µs lists under
-    ``moonep_us``, ``gemm_us``, ``read_us``), the path and the limit in alternating order."""
+def confirm_samples(case, meter, reps: int, settle_s: float, rounds: int, kind: str = "bf16") -> dict:
+    """``rounds`` more samples of one case's measured path (``moonep``, or ``moonep_fp8`` with
+    ``kind`` fp8) and limit parts (µs lists under ``<path>_us``, ``gemm_us``, ``read_us``), the path
+    and the limit in alternating order."""
     import torch
 
-    from .paths import PATHS
-    from .run import floor_us, measure_path
-    from .shapes import build_problem
+    from .run import floor_us
 
     shape = case.shape()
-    problem = build_problem(shape, case.token_padding, seed=case.seed, skew=case.skew)
-    sizes = problem[-1]
-    live, nbytes = sum(sizes), floor_us(sizes, shape)[2]
-    samples = {"moonep_us": [], "gemm_us": [], "read_us": []}
+    ours = KINDS[kind].ours
+    path_us, sizes = _confirm_path(case, kind, reps, settle_s)
+    live = sum(sizes)
+    if kind == "fp8":
+        from .fp8 import fp8_bytes, fp8_gemm_pair_us
+
+        nbytes, gemm_pair_us = fp8_bytes(sizes, shape), functools.partial(fp8_gemm_pair_us, meter)
+    else:
+        nbytes, gemm_pair_us = floor_us(sizes, shape)[2], meter.gemm_pair_us
+    samples = {f"{ours}_us": [], "gemm_us": [], "read_us": []}
 
     def path():
-        rec, _ = measure_path(PATHS["moonep"], problem[:-1], live, None, reps, settle_s)
-        samples["moonep_us"].append(rec["us"])  # (a KeyError if it failed: it ran in the pass)
+        samples[f"{ours}_us"].append(path_us())
 
     def limit():
-        samples["gemm_us"].append(meter.gemm_pair_us(live, case.hidden, case.inter))
+        samples["gemm_us"].append(gemm_pair_us(live, case.hidden, case.inter))
         samples["read_us"].append(meter.read_us(nbytes)[0])
 
     for r in range(rounds):
         for step in ((path, limit) if r % 2 == 0 else (limit, path)):
             step()
-    del problem
+    del path_us  # (its problem's tensors)
     torch.cuda.empty_cache()
     return samples
 
 
-def merge_confirmation(rec: dict, samples: dict) -> None:
-    """``rec``'s ``moonep`` time and limit as the medians of its pass and ``samples``
+def _confirm_path(case, kind: str, reps: int, settle_s: float):
+    """A timer of one case's measured path (µs, settled, median of replays; it holds the case's
+    problem) and the case's segment sizes. A path that fails raises (it ran in the pass)."""
+    import torch
+
+    if kind == "fp8":
+        from .fp8 import fp8_experts, time_path
+
+        x, weights, scales, cu, rw, sizes, _ = fp8_problem(case)
+        out = torch.empty_like(x)
+        call = fp8_experts(x, weights, scales, cu, rw, out)
+        return (lambda: time_path(call, out, sum(sizes), None, reps, settle_s)["us"]), sizes
+    from .paths import PATHS
+    from .run import measure_path
+    from .shapes import build_problem
+
+    *problem, sizes = build_problem(case.shape(), case.token_padding, seed=case.seed, skew=case.skew)
+    return (lambda: measure_path(PATHS["moonep"], tuple(problem), sum(sizes), None, reps, settle_s)[0]["us"]), sizes
+
+
+def merge_confirmation(rec: dict, samples: dict, kind: str = "bf16") -> None:
+    """``rec``'s measured path's time and limit as the medians of its pass and ``samples``
     (:func:`confirm_samples`), its efficiencies and rates recomputed; the samples kept under
     ``"confirm"``."""
     from .limit import limit_figures
     from .run import add_efficiencies
 
-    lim = rec["limit"]
-    merged = {"moonep_us": [rec["moonep"]["us"]] + samples["moonep_us"],
+    ours, lim = KINDS[kind].ours, rec["limit"]
+    merged = {f"{ours}_us": [rec[ours]["us"]] + samples[f"{ours}_us"],
               "gemm_us": [lim["gemm_us"]] + samples["gemm_us"], "read_us": [lim["read_us"]] + samples["read_us"]}
     rec["confirm"] = merged
-    rec["moonep"]["us"] = statistics.median(merged["moonep_us"])
+    rec[ours]["us"] = statistics.median(merged[f"{ours}_us"])
     flops = 6 * rec["rows"] * rec["hidden"] * rec["inter"]  # the path's and the limit's GEMM pair
     lim.update(limit_figures(statistics.median(merged["gemm_us"]), statistics.median(merged["read_us"]), flops,
                              rec["bytes"]))
-    add_efficiencies(rec, [name for name in PATH_NAMES if "us" in rec.get(name, {})], flops, rec["bytes"])
+    names = FP8_PATH_NAMES if kind == "fp8" else PATH_NAMES
+    add_efficiencies(rec, [name for name in names if "us" in rec.get(name, {})], flops, rec["bytes"])
 
 
-def lowest_cases(records: list, count: int) -> list:
+def lowest_cases(records: list, count: int, kind: str = "bf16") -> list:
     """The ``count`` timed records lowest against the limit, lowest first."""
-    timed = [r for r in records if "eff_limit" in r.get("moonep", {})]
-    return sorted(timed, key=lambda r: r["moonep"]["eff_limit"])[:count]
+    ours = KINDS[kind].ours
+    timed = [r for r in records if "eff_limit" in r.get(ours, {})]
+    return sorted(timed, key=lambda r: r[ours]["eff_limit"])[:count]
 
 
-def case_line(i: int, rec: dict) -> str:
+def case_line(i: int, rec: dict, kind: str = "bf16") -> str:
     """The printed line of one case."""
     if "error" in rec:
         return f"{i:3d} {rec['name']:<52} ERROR {rec['error'][:100]}"
-    lim, ours, base = rec["limit"], rec["moonep"], rec["vllm"]
+    k = KINDS[kind]
+    lim, ours, base = rec["limit"], rec[k.ours], rec[k.base]
     head = f"{i:3d} {rec['name']:<52} rows {rec['rows']:>6} limit {lim['us']:7.0f}us {lim['bound'][0]}"
     if "us" not in ours:
-        return f"{head} | moonep ERROR {ours['error'][:80]}"
-    speedup = f"x{base['us'] / ours['us']:.2f}" if "us" in base else "vllm ERROR"
-    return (f"{head} | moonep {ours['us']:7.0f}us lim {ours['eff_limit']:.2f} floor {ours['eff']:.2f} "
-            f"{speedup} err {ours['err_vs_first']:.0e}{'' if ours['tail_zero'] else ' TAIL!=0'}"
-            f"{' L2' if lim['l2_fit'] else ''}")
+        return f"{head} | {k.ours} ERROR {ours['error'][:80]}"
+    speedup = f"x{base['us'] / ours['us']:.2f}" if "us" in base else f"{k.base} ERROR"
+    floor = f" floor {ours['eff']:.2f}" if "eff" in ours else ""
+    return (f"{head} | {k.ours} {ours['us']:7.0f}us lim {ours['eff_limit']:.2f}{floor} "
+            f"{speedup} err {ours[k.err_key]:.0e}{'' if ours['tail_zero'] else ' TAIL!=0'}"
+            f"{' L2' if lim.get('l2_fit') else ''}")
 
 
 def write(path: str, result: dict) -> None:
@@ -166,6 +252,7 @@ def write(path: str, result: dict) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--fp8", action="store_true", help="the FP8 experts op against the bf16 one and the FP8 limit")
     parser.add_argument("--quick", action="store_true", help="only the anchor cases (a smoke run)")
     parser.add_argument("--cases", type=int, default=DEFAULT_CASES, help="cases in all, anchors included")
     parser.add_argument("--reps", type=int, default=50)
@@ -185,7 +272,8 @@ def main(argv=None) -> int:
     from .limit import LimitMeter
     from .timing import environment
 
-    env = {**environment(), "reps": args.reps, "settle_s": args.settle, "case_seed": CASE_SEED,
+    kind = "fp8" if args.fp8 else "bf16"
+    env = {**environment(), "kind": kind, "reps": args.reps, "settle_s": args.settle, "case_seed": CASE_SEED,
            "cases_listed": len(cases), "quick": args.quick}
     print(f"# {env}", flush=True)
     meter, records, start = LimitMeter(args.reps, args.settle), [], time.perf_counter()
@@ -194,26 +282,26 @@ def main(argv=None) -> int:
             print(f"# stopped after {i} of {len(cases)} cases (--max-seconds {args.max_seconds:g})")
             break
         case_start = time.perf_counter()
-        records.append(run_case_or_error(case, meter, args.reps, args.settle))
+        records.append(run_case_or_error(case, meter, args.reps, args.settle, kind))
         records[-1]["wall_s"] = time.perf_counter() - case_start  # build, compile, check, time
-        print(f"{case_line(i, records[-1])} {records[-1]['wall_s']:.1f}s", flush=True)
+        print(f"{case_line(i, records[-1], kind)} {records[-1]['wall_s']:.1f}s", flush=True)
         env["wall_s"] = time.perf_counter() - start
         if args.out:
-            write(args.out, {"env": env, "cases": records, "summary": summarize(records)})
+            write(args.out, {"env": env, "cases": records, "summary": summarize(records, kind)})
     listed = {case.name: (i, case) for i, case in enumerate(cases)}
     confirmed = 0
-    for rec in lowest_cases(records, args.confirm if args.confirm_rounds > 0 else 0):
+    for rec in lowest_cases(records, args.confirm if args.confirm_rounds > 0 else 0, kind):
         index, case = listed[rec["name"]]
         try:
-            samples = confirm_samples(case, meter, args.reps, args.settle, args.confirm_rounds)
+            samples = confirm_samples(case, meter, args.reps, args.settle, args.confirm_rounds, kind)
         except Exception as exc:  # the pass's figures stay
             print(f"# {rec['name']}: not confirmed, {type(exc).__name__}: {exc}"[:300], flush=True)
             continue
-        merge_confirmation(rec, samples)
+        merge_confirmation(rec, samples, kind)
         confirmed += 1
-        print(f"confirmed {case_line(index, rec)}", flush=True)
+        print(f"confirmed {case_line(index, rec, kind)}", flush=True)
     env.update(confirmed=confirmed, confirm_rounds=args.confirm_rounds, wall_s=time.perf_counter() - start)
-    result = {"env": env, "cases": records, "summary": summarize(records)}
+    result = {"env": env, "cases": records, "summary": summarize(records, kind)}
     if args.out:
         write(args.out, result)
     print(render(result), end="")

@@ -24,6 +24,8 @@
 #                  lowest cases; JSON, log, and its summary into summary.txt); SWEEP_ARGS adds
 #                  arguments, e.g. "--quick"; stops starting cases after SWEEP_SECONDS (default 480),
 #                  so that one device command keeps its results
+#   sweep_fp8:     benchmarks.sweep --fp8, the same layouts on the FP8 experts op against the bf16 one
+#                  and the FP8 limit (sweep_fp8.json; same SWEEP_ARGS and SWEEP_SECONDS)
 # PYTEST_K / FUZZ_K: a pytest -k filter for the test steps / the fuzz step (a re-run of what a
 # change touched).
 #
@@ -126,6 +128,12 @@ fi
 if named sweep; then
   run_tool sweep python3 -m benchmarks.sweep --max-seconds "${SWEEP_SECONDS:-480}" ${SWEEP_ARGS:-} --out "$OUT/sweep.json"
   [ -f "$OUT/sweep.json" ] && python3 -m benchmarks.report --sweep --results "$OUT/sweep.json" --stdout \
+    | tee -a "$OUT/summary.txt"
+fi
+if named sweep_fp8; then
+  run_tool sweep_fp8 python3 -m benchmarks.sweep --fp8 --max-seconds "${SWEEP_SECONDS:-480}" ${SWEEP_ARGS:-} \
+    --out "$OUT/sweep_fp8.json"
+  [ -f "$OUT/sweep_fp8.json" ] && python3 -m benchmarks.report --fp8-sweep --results "$OUT/sweep_fp8.json" --stdout \
     | tee -a "$OUT/summary.txt"
 fi
 if named tune; then

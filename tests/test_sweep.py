@@ -3,7 +3,7 @@
 import pytest
 
 from benchmarks import sweep
-from benchmarks.sweep_cases import sweep_cases
+from benchmarks.sweep_cases import Case, sweep_cases
 
 
 FLOPS = 6 * 1000 * 2048 * 768
@@ -50,10 +50,11 @@ def test_main_confirms_the_lowest_cases_and_says_so(monkeypatch, tmp_path, capsy
     effs = {case.name: 0.5 + 0.1 * i for i, case in enumerate(cases)}
     confirmed = []
 
-    def fake_run_case(case, meter, reps, settle_s):
+    def fake_run_case(case, meter, reps, settle_s, kind):
+        assert kind == "bf16"
         return _record(case.name, 100.0, 100.0 * effs[case.name], 10.0)
 
-    def fake_confirm(case, meter, reps, settle_s, rounds):
+    def fake_confirm(case, meter, reps, settle_s, rounds, kind):
         confirmed.append((case.name, rounds))
         if case.name == cases[2].name:
             raise RuntimeError("gone")
@@ -88,3 +89,128 @@ def test_no_confirmation_is_rendered_as_none():
     env = {"gpu": "G", "torch": "t", "triton": "tr", "date": "2026-01-01 00:00 UTC", "settle_s": 0.3, "reps": 50}
     result = {"env": env, "cases": [], "summary": sweep_summary.summarize([])}
     assert "lowest against the limit were timed" not in sweep_summary.render(result)
+
+
+def _fp8_record(name, fp8_us, gemm_us, read_us, bf16_us=300.0, err=0.064):
+    limit_us = max(gemm_us, read_us)
+    return {"name": name, "rows": 1000, "hidden": 2048, "inter": 768, "bytes": 2e8,
+            "limit": {"us": limit_us, "bound": "compute" if gemm_us >= read_us else "memory", "gemm_us": gemm_us,
+                      "read_us": read_us, "gemm_tflops": 0.0, "read_tbps": 0.0, "l2_fit": False},
+            "moonep_bf16": {"us": bf16_us, "eff_limit": limit_us / bf16_us, "err_vs_bf16": 0.0, "tail_zero": True},
+            "moonep_fp8": {"us": fp8_us, "eff_limit": limit_us / fp8_us, "tflops": FLOPS / fp8_us / 1e6,
+                           "tbps": 2e8 / fp8_us / 1e6, "err_vs_bf16": err, "tail_zero": True}}
+
+
+def test_an_fp8_case_confirms_its_fp8_time_and_has_no_floor():
+    rec = _fp8_record("c", 100.0, 60.0, 50.0)
+    sweep.merge_confirmation(rec, {"moonep_fp8_us": [90.0, 95.0], "gemm_us": [62.0, 40.0], "read_us": [55.0, 70.0]},
+                             "fp8")
+    assert rec["confirm"]["moonep_fp8_us"] == [100.0, 90.0, 95.0]
+    ours = rec["moonep_fp8"]
+    assert ours["us"] == 95.0 and ours["eff_limit"] == pytest.approx(60.0 / 95.0) and "eff" not in ours
+    assert rec["moonep_bf16"]["eff_limit"] == pytest.approx(60.0 / 300.0)
+    assert ours["tflops"] == pytest.approx(FLOPS / 95.0 / 1e6)
+    assert [r["name"] for r in sweep.lowest_cases([_fp8_record("a", 100.0, 90.0, 1.0), rec], 1, "fp8")] == ["c"]
+
+
+def test_the_fp8_summary_compares_with_the_bf16_path():
+    from benchmarks import sweep_summary
+
+    cases = [_fp8_record("a", 100.0, 80.0, 10.0), _fp8_record("b", 200.0, 100.0, 120.0, bf16_us=300.0),
+             _fp8_record("c", 50.0, 45.0, 10.0, err=0.3), {"name": "d", "error": "OutOfMemoryError"}]
+    s = sweep_summary.summarize(cases, "fp8")
+    assert s["timed"] == 3 and s["errors"] == ["d"] and s["check_failures"] == ["c"]
+    nan = _fp8_record("e", 100.0, 80.0, 10.0, err=float("nan"))  # (the output, or the bf16 reference, NaN)
+    assert sweep_summary.check_failures([nan], sweep_summary.KINDS["fp8"]) == ["e"]
+    bf16 = _record("f", 100.0, 80.0, 10.0)
+    assert sweep_summary.check_failures([bf16]) == []
+    bf16["moonep"]["err_vs_first"] = float("nan")
+    assert sweep_summary.check_failures([bf16]) == ["f"]
+    assert s["worst"]["case"] == "b" and "eff_floor" not in s and "eff_floor" not in s["worst"]
+    assert s["speedup"]["min"] == pytest.approx(1.5) and s["speedup"]["max"] == pytest.approx(6.0)
+    env = {"gpu": "G", "torch": "t", "triton": "tr", "date": "2026-01-01 00:00 UTC", "settle_s": 0.3, "reps": 50,
+           "kind": "fp8"}
+    text = sweep_summary.render({"env": env, "cases": cases, "summary": s})
+    assert "; FP8 (e4m3 weights, block-major, 128 x 128 block scales; bf16 activations); 4 cases" in text
+    assert "moonep_fp8 against the measured limit: min 0.60, median 0.80, max 0.90." in text
+    assert "FP8 against the bf16 experts op: geometric mean" in text
+    assert "1 case without a moonep_fp8 time, an error instead (d); 1 case failed the output check (c)." in text
+    assert "| lowest cases | limit µs (bound) | moonep_fp8 µs | vs limit |\n|---|---|---|---|\n" in text
+    assert "| b | 120 (memory) | 200 | 0.60 |\n" in text
+
+
+def test_main_with_fp8_sweeps_the_fp8_path(monkeypatch, tmp_path):
+    import json
+
+    from benchmarks import limit, report, timing
+
+    kinds = []
+
+    def fake_run_case(case, meter, reps, settle_s, kind):
+        kinds.append(kind)
+        return _fp8_record(case.name, 100.0, 70.0, 10.0)
+
+    def fake_confirm(case, meter, reps, settle_s, rounds, kind):
+        kinds.append(kind)
+        return {"moonep_fp8_us": [90.0] * rounds, "gemm_us": [70.0] * rounds, "read_us": [10.0] * rounds}
+
+    monkeypatch.setattr(sweep, "run_case_or_error", fake_run_case)
+    monkeypatch.setattr(sweep, "confirm_samples", fake_confirm)
+    monkeypatch.setattr(limit, "LimitMeter", lambda reps, settle_s: None)
+    monkeypatch.setattr(timing, "environment", lambda: {"gpu": "G", "torch": "t", "triton": "tr", "python": "p",
+                                                        "date": "2026-01-01 00:00 UTC"})
+    out, doc = tmp_path / "sweep_fp8.json", tmp_path / "fp8.md"
+    assert sweep.main(["--fp8", "--quick", "--confirm", "1", "--out", str(out)]) == 0
+    assert set(kinds) == {"fp8"} and len(kinds) == len(sweep_cases(120, quick=True)) + 1
+    result = json.loads(out.read_text())
+    assert result["env"]["kind"] == "fp8" and result["summary"]["speedup"]["min"] == pytest.approx(3.0)
+    assert sum("confirm" in rec for rec in result["cases"]) == 1
+    doc.write_text("# FP8\n\n<!-- fp8-sweep:begin -->\nold\n<!-- fp8-sweep:end -->\n")
+    args = ["--fp8-sweep", "--results", str(out), "--doc", str(doc)]
+    assert report.main(args + ["--check"]) == 1 and report.main(args) == 0 and report.main(args + ["--check"]) == 0
+    assert "moonep_fp8 against the measured limit: min 0.70" in doc.read_text()
+
+
+class _CpuMeter:
+    """The limit meter's read, without a GPU: 40 µs whatever the bytes."""
+
+    def read_us(self, nbytes):
+        return 40.0, nbytes
+
+
+@pytest.fixture
+def fp8_sweep_on_cpu(monkeypatch):
+    """The FP8 sweep's case code on the CPU: the problem built there, every timing 100 µs (the path
+    still runs once and is checked), the FP8 GEMM pair 50 µs."""
+    import torch
+
+    from benchmarks import fp8 as fp8_bench
+    from benchmarks import shapes
+
+    build = shapes.build_problem
+    monkeypatch.setattr(shapes, "build_problem", lambda *args, **kw: build(*args, **{**kw, "device": "cpu"}))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(fp8_bench, "median_replay_ms", lambda fn, reps, settle_s: 0.1)
+    monkeypatch.setattr(fp8_bench, "fp8_gemm_pair_us", lambda meter, rows, hidden, inter: 50.0)
+    return Case("small", 256, 128, 8, 8, 8, 16, 0.8, 128, 0)
+
+
+def test_an_fp8_case_runs_both_paths_and_measures_the_fp8_limit(fp8_sweep_on_cpu):
+    from benchmarks import fp8 as fp8_bench
+
+    case = fp8_sweep_on_cpu
+    rec = sweep.run_case(case, _CpuMeter(), 20, 0.0, "fp8")
+    assert rec["name"] == case.name and rec["rows"] > 0 and rec["nvs"] >= rec["rows"]
+    sizes = [1] * (rec["nonempty"] - 1) + [rec["rows"] - rec["nonempty"] + 1]  # (fp8_bytes counts and sums)
+    assert rec["bytes"] == fp8_bench.fp8_bytes(sizes, case.shape())
+    assert rec["limit"]["us"] == 50.0 and rec["limit"]["bound"] == "compute" and rec["limit"]["read_us"] == 40.0
+    for name in ("moonep_bf16", "moonep_fp8"):
+        assert rec[name]["us"] == pytest.approx(100.0) and rec[name]["tail_zero"]
+        assert rec[name]["eff_limit"] == pytest.approx(0.5) and "eff" not in rec[name]
+    assert rec["moonep_bf16"]["err_vs_bf16"] == 0.0
+    assert 0.01 < rec["moonep_fp8"]["err_vs_bf16"] < 0.1  # the quantization error, not a wrong result
+    line = sweep.case_line(0, rec, "fp8")
+    assert " | moonep_fp8     100us lim 0.50 x1.00 err " in line and "TAIL" not in line
+    samples = sweep.confirm_samples(case, _CpuMeter(), 20, 0.0, 2, "fp8")
+    assert samples == {"moonep_fp8_us": [100.0, 100.0], "gemm_us": [50.0, 50.0], "read_us": [40.0, 40.0]}
