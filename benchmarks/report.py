@@ -50,9 +50,11 @@ FP8_BEGIN = "<!-- fp8-table:begin -->"
 FP8_END = "<!-- fp8-table:end -->"
 FP8_SWEEP_BEGIN = "<!-- fp8-sweep:begin -->"
 FP8_SWEEP_END = "<!-- fp8-sweep:end -->"
-DEFAULTS = {"readme": ("bench_h200.json", "README.md"), "sweep": ("sweep_h200.json", "docs/performance.md"),
-            "fp8": ("fp8_h200.json", "docs/fp8.md"),
-            "fp8_sweep": ("sweep_fp8_h200.json", "docs/fp8.md")}  # each mode's JSON (in benchmarks/results) and file
+# each mode's JSON (in benchmarks/results), file, region markers and the option that picks it
+MODES = {"readme": ("bench_h200.json", "README.md", BEGIN, END, ""),
+         "sweep": ("sweep_h200.json", "docs/performance.md", SWEEP_BEGIN, SWEEP_END, " --sweep"),
+         "fp8": ("fp8_h200.json", "docs/fp8.md", FP8_BEGIN, FP8_END, " --fp8"),
+         "fp8_sweep": ("sweep_fp8_h200.json", "docs/fp8.md", FP8_SWEEP_BEGIN, FP8_SWEEP_END, " --fp8-sweep")}
 BASE, OURS = "vllm", "moonep"  # the paths of benchmarks/paths.py the table compares
 
 
@@ -160,32 +162,24 @@ def _parse(argv):
 def main(argv=None) -> int:
     args = _parse(argv)
     mode = "sweep" if args.sweep else "fp8" if args.fp8 else "fp8_sweep" if args.fp8_sweep else "readme"
-    json_name, doc = DEFAULTS[mode]
+    json_name, doc, begin, end, flag = MODES[mode]
     results = pathlib.Path(args.results or ROOT / "benchmarks" / "results" / json_name)
     target = pathlib.Path(args.readme or ROOT / doc)
     if not results.is_file():
         print(f"benchmarks.report: no results at {results}", file=sys.stderr)
         return 1
     result = json.loads(results.read_text())
-    if args.sweep:
-        table, begin, end = sweep_summary.render(result), SWEEP_BEGIN, SWEEP_END
-    elif args.fp8:
-        table, begin, end = render_fp8(result), FP8_BEGIN, FP8_END
-    elif args.fp8_sweep:
-        table, begin, end = sweep_summary.render(result), FP8_SWEEP_BEGIN, FP8_SWEEP_END
+    if mode == "readme":
+        table = render(result, args.padding)
     else:
-        table, begin, end = render(result, args.padding), BEGIN, END
+        table = render_fp8(result) if mode == "fp8" else sweep_summary.render(result)
     if args.stdout:
         print(table, end="")
         return 0
-    return _write(target, table, begin, end, results, args.check)
+    return _write(target, table, begin, end, results, args.check, flag)
 
 
-# the option that writes each region
-_FLAG = {SWEEP_BEGIN: " --sweep", FP8_BEGIN: " --fp8", FP8_SWEEP_BEGIN: " --fp8-sweep"}
-
-
-def _write(target: pathlib.Path, table: str, begin: str, end: str, results, check: bool) -> int:
+def _write(target: pathlib.Path, table: str, begin: str, end: str, results, check: bool, flag: str) -> int:
     """Puts ``table`` between the markers of ``target`` (with ``check``: only compares); 0 or 1."""
     text = target.read_text()
     try:
@@ -198,7 +192,7 @@ def _write(target: pathlib.Path, table: str, begin: str, end: str, results, chec
     if check:
         if new != text:
             print(f"benchmarks.report: the text in {target} is not what {results} gives; "
-                  f"run python -m benchmarks.report{_FLAG.get(begin, '')}", file=sys.stderr)
+                  f"run python -m benchmarks.report{flag}", file=sys.stderr)
             return 1
         return 0
     if new != text:

@@ -51,8 +51,11 @@ from .sweep_cases import CASE_SEED, sweep_cases
 from .sweep_summary import KINDS, render, summarize
 
 DEFAULT_CASES = 120
-PATH_NAMES = ("vllm", "moonep")  # the first is the reference the second is checked against
-FP8_PATH_NAMES = ("moonep_bf16", "moonep_fp8")  # likewise, for --fp8
+
+
+def path_names(kind: str) -> tuple:
+    """A sweep's two paths: the reference, then the measured path checked against it."""
+    return KINDS[kind].base, KINDS[kind].ours
 
 
 def case_fields(case, nvs: int, sizes) -> dict:
@@ -79,12 +82,12 @@ def run_case(case, meter, reps: int, settle_s: float, kind: str = "bf16") -> dic
     live = sum(sizes)
     rec = {**case_fields(case, x.shape[0], sizes), "floor_us": floor, "floor_bound": floor_bound, "bytes": nbytes}
     ref = None
-    for name in PATH_NAMES:
+    for name in path_names("bf16"):
         rec[name], ref = measure_path(PATHS[name], (x, wg, wu, wd, cu, rw), live, ref, reps, settle_s)
     del x, wg, wu, wd, cu, rw, ref
     torch.cuda.empty_cache()
     rec["limit"] = meter.measure(live, case.hidden, case.inter, nbytes)
-    add_efficiencies(rec, PATH_NAMES, flops, nbytes)
+    add_efficiencies(rec, path_names("bf16"), flops, nbytes)
     return rec
 
 
@@ -126,7 +129,7 @@ def run_case_fp8(case, meter, reps: int, settle_s: float) -> dict:
     del x, weights, scales, cu, rw, out, ref
     torch.cuda.empty_cache()
     rec["limit"] = fp8_bench.fp8_limit(meter, live, case.hidden, case.inter, nbytes)
-    add_efficiencies(rec, FP8_PATH_NAMES, 6 * live * case.hidden * case.inter, nbytes)
+    add_efficiencies(rec, path_names("fp8"), 6 * live * case.hidden * case.inter, nbytes)
     return rec
 
 
@@ -150,22 +153,12 @@ def confirm_samples(case, meter, reps: int, settle_s: float, rounds: int, kind: 
     and the limit in alternating order."""
     import torch
 
-    from .run import floor_us
-
-    shape = case.shape()
-    ours = KINDS[kind].ours
-    path_us, sizes = _confirm_path(case, kind, reps, settle_s)
-    live = sum(sizes)
-    if kind == "fp8":
-        from .fp8 import fp8_bytes, fp8_gemm_pair_us
-
-        nbytes, gemm_pair_us = fp8_bytes(sizes, shape), functools.partial(fp8_gemm_pair_us, meter)
-    else:
-        nbytes, gemm_pair_us = floor_us(sizes, shape)[2], meter.gemm_pair_us
-    samples = {f"{ours}_us": [], "gemm_us": [], "read_us": []}
+    path_us, gemm_pair_us, sizes, nbytes = _confirm_timers(case, meter, kind, reps, settle_s)
+    live, key = sum(sizes), f"{KINDS[kind].ours}_us"
+    samples = {key: [], "gemm_us": [], "read_us": []}
 
     def path():
-        samples[f"{ours}_us"].append(path_us())
+        samples[key].append(path_us())
 
     def limit():
         samples["gemm_us"].append(gemm_pair_us(live, case.hidden, case.inter))
@@ -179,24 +172,27 @@ def confirm_samples(case, meter, reps: int, settle_s: float, rounds: int, kind: 
     return samples
 
 
-def _confirm_path(case, kind: str, reps: int, settle_s: float):
-    """A timer of one case's measured path (µs, settled, median of replays; it holds the case's
-    problem) and the case's segment sizes. A path that fails raises (it ran in the pass)."""
+def _confirm_timers(case, meter, kind: str, reps: int, settle_s: float):
+    """For one case of sweep ``kind``: a timer of its measured path (µs, settled, median of replays;
+    it holds the case's problem; a path that fails raises: it ran in the pass), the limit's GEMM
+    pair timer ``(rows, hidden, inter) -> µs``, the segment sizes and the path's bytes."""
     import torch
 
     if kind == "fp8":
-        from .fp8 import fp8_experts, time_path
+        from .fp8 import fp8_bytes, fp8_experts, fp8_gemm_pair_us, time_path
 
         x, weights, scales, cu, rw, sizes, _ = fp8_problem(case)
         out = torch.empty_like(x)
         call = fp8_experts(x, weights, scales, cu, rw, out)
-        return (lambda: time_path(call, out, sum(sizes), None, reps, settle_s)["us"]), sizes
+        return ((lambda: time_path(call, out, sum(sizes), None, reps, settle_s)["us"]),
+                functools.partial(fp8_gemm_pair_us, meter), sizes, fp8_bytes(sizes, case.shape()))
     from .paths import PATHS
-    from .run import measure_path
+    from .run import floor_us, measure_path
     from .shapes import build_problem
 
     *problem, sizes = build_problem(case.shape(), case.token_padding, seed=case.seed, skew=case.skew)
-    return (lambda: measure_path(PATHS["moonep"], tuple(problem), sum(sizes), None, reps, settle_s)[0]["us"]), sizes
+    return ((lambda: measure_path(PATHS["moonep"], tuple(problem), sum(sizes), None, reps, settle_s)[0]["us"]),
+            meter.gemm_pair_us, sizes, floor_us(sizes, case.shape())[2])
 
 
 def merge_confirmation(rec: dict, samples: dict, kind: str = "bf16") -> None:
@@ -214,8 +210,7 @@ def merge_confirmation(rec: dict, samples: dict, kind: str = "bf16") -> None:
     flops = 6 * rec["rows"] * rec["hidden"] * rec["inter"]  # the path's and the limit's GEMM pair
     lim.update(limit_figures(statistics.median(merged["gemm_us"]), statistics.median(merged["read_us"]), flops,
                              rec["bytes"]))
-    names = FP8_PATH_NAMES if kind == "fp8" else PATH_NAMES
-    add_efficiencies(rec, [name for name in names if "us" in rec.get(name, {})], flops, rec["bytes"])
+    add_efficiencies(rec, [name for name in path_names(kind) if "us" in rec.get(name, {})], flops, rec["bytes"])
 
 
 def lowest_cases(records: list, count: int, kind: str = "bf16") -> list:
