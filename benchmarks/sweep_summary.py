@@ -106,12 +106,19 @@ def _confirmed(env: dict) -> str:
             f"alternating: their figures are the medians of {rounds + 1} samples.")
 
 
+def _case_count(env: dict, summary: dict) -> str:
+    seed, listed = env.get("case_seed", "?"), env.get("cases_listed", summary["cases"])
+    if listed <= summary["cases"]:
+        return f"{summary['cases']} cases (case seed {seed})"
+    return f"{summary['cases']} of the {listed} listed cases (case seed {seed}; the run's time limit stopped the rest)"
+
+
 def render(result: dict) -> str:
     """Markdown for the docs: the run's context, the spread, the lowest cases."""
     env, s = result["env"], result["summary"]
     k = KINDS[env.get("kind", "bf16")]
     lines = [f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date'].split()[0]}; {k.label}; "
-             f"{s['cases']} cases (case seed {env.get('case_seed', '?')}); each path and each part of the "
+             f"{_case_count(env, s)}; each path and each part of the "
              f"limit replayed for {env.get('settle_s', 0):g} s, then median of {env.get('reps', '?')} "
              f"CUDA-graph replays." + _confirmed(env), ""]
     if "eff_limit" not in s:

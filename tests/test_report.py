@@ -149,6 +149,8 @@ def test_the_sweep_summary_names_the_worst_cases():
     assert ("1 case without a moonep time, an error instead (m K8 G388 S8192); "
             "1 case failed the output check (m K1 G8 S16).") in text
     assert "| m K1 G8 S16 | 6 (memory) | 10 | 0.60 | 0.50 |" in text
+    cut_short = sweep_summary.render({**SWEEP, "env": {**SWEEP["env"], "cases_listed": 120}, "summary": s})
+    assert "5 of the 120 listed cases (case seed 0; the run's time limit stopped the rest);" in cut_short
 
 
 def test_main_writes_the_sweep_summary_into_its_doc(tmp_path):
