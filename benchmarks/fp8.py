@@ -169,7 +169,8 @@ def _print_row(row) -> None:
     b, f, r, t = us("moonep_bf16"), us("moonep_fp8"), us("moonep_fp8_row_major"), us("torch_fp8")
     print(f"{row['shape']:<28} pad={row['token_padding']:<3} limit {row['limit']['us']:7.0f}us "
           f"({row['limit']['bound']}) | bf16 {b:7.0f} | fp8 {f:7.0f} x{b / f:.2f} vs bf16, x{t / f:.2f} vs torch, "
-          f"eff {row['moonep_fp8'].get('eff_limit', float('nan')):.2f}, err {row['moonep_fp8'].get('err_vs_bf16', 0):.1e}"
+          f"eff {row['moonep_fp8'].get('eff_limit', float('nan')):.2f}, "
+          f"err {row['moonep_fp8'].get('err_vs_bf16', 0):.1e}"
           f" | fp8 [G, N, K] {r:7.0f}"
           f" | torch_fp8 {t:7.0f} {row['torch_fp8'].get('error', '')[:60]}", flush=True)
 

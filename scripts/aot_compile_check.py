@@ -184,7 +184,8 @@ def forced_capability(capability, compiler: Compiler, portable: bool):
     try:
         yield
     finally:
-        paths.capability_of, cuda.capability_of, cuda_fp8.capability_of, triton_jit.JITFunction.run, portable_env = saved
+        (paths.capability_of, cuda.capability_of, cuda_fp8.capability_of, triton_jit.JITFunction.run,
+         portable_env) = saved
         if portable_env is None:
             os.environ.pop("MOONEP_OPS_PORTABLE", None)
         else:

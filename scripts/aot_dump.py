@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     parser.add_argument("--out", default="aot_dump")
     parser.add_argument("--config", default=None,
-                        help='a GemmConfig to compile instead of the table\'s, e.g. "128, 64, 64, 8, 3, programs_per_sm=2"')
+                        help="a GemmConfig to compile instead of the table's, "
+                             'e.g. "128, 64, 64, 8, 3, programs_per_sm=2"')
     args = parser.parse_args(argv)
     if args.config:
         from moonep_ops.kernels.triton import configs

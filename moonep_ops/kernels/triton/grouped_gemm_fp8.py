@@ -107,8 +107,8 @@ def _mainloop(a_view, w_view, w_up_view, tile, NUM_ROWS, N, K, FUSED: tl.constex
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, 128)):
-        a, a_scale = _load_a_block(a_ptr, a_desc, as_ptr, row_lo, rows, row_mask, kb, K, stride_am, stride_ak, stride_asm,
-                                   USE_TMA)
+        a, a_scale = _load_a_block(a_ptr, a_desc, as_ptr, row_lo, rows, row_mask, kb, K, stride_am, stride_ak,
+                                   stride_asm, USE_TMA)
         w = _load_w_block(w_ptr, w_desc, g, pid_n * BLOCK_N, cols, col_mask, kb, N, K, w_strides, USE_TMA,
                           BLOCK_MAJOR, BLOCK_N)
         # (one multiply of the partial product: a scale per row times the tile's block scale)
