@@ -32,10 +32,12 @@ lowest cases are confirmed the same way.
 The JSON (``--out``, rewritten after every case, so a run cut short keeps what it measured) holds
 ``env``, every case and a ``summary`` (:mod:`benchmarks.sweep_summary`: worst case, spread of
 efficiency, worst per bound, speedup over the base path). One line per case is printed as it
-finishes.
+finishes. ``--resume`` continues the sweep in an existing ``--out`` (a run that ``--max-seconds``
+cut short, on the same GPU kind): it keeps that file's cases, runs the rest of the list, and then
+confirms the lowest cases of all that are not confirmed yet.
 
     python -m benchmarks.sweep [--out sweep.json] [--fp8] [--quick] [--cases 120] [--reps 50] [--settle 0.3]
-                               [--confirm 8] [--confirm-rounds 2] [--max-seconds S] [--list]
+                               [--confirm 8] [--confirm-rounds 2] [--max-seconds S] [--resume] [--list]
     python -m benchmarks.report --sweep --results sweep.json   # the summary into docs/performance.md
     python -m benchmarks.report --fp8-sweep --results sweep_fp8.json   # the FP8 sweep's into docs/fp8.md
 """
@@ -244,6 +246,21 @@ def write(path: str, result: dict) -> None:
     os.replace(tmp, path)
 
 
+def resumed(path: str, env: dict) -> tuple:
+    """The cases and env of the earlier run of this sweep at ``path`` (``--resume``), its env counting
+    one more run; none and ``env`` where there is no such file."""
+    if not os.path.exists(path):
+        return [], env
+    with open(path) as f:
+        prior = json.load(f)
+    keys = ("kind", "gpu", "torch", "triton", "case_seed", "cases_listed", "quick", "reps", "settle_s")
+    differ = [f"{key} {prior['env'].get(key)!r} there, {env[key]!r} here" for key in keys
+              if prior["env"].get(key, "bf16" if key == "kind" else None) != env[key]]
+    if differ:
+        raise SystemExit(f"benchmarks.sweep: --resume: {path} holds another sweep ({'; '.join(differ)})")
+    return prior["cases"], {**prior["env"], "runs": prior["env"].get("runs", 1) + 1}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
@@ -257,8 +274,12 @@ def main(argv=None) -> int:
     parser.add_argument("--confirm-rounds", type=int, default=2, help="more samples of each such case")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="start no case after this many seconds (the JSON says how many ran)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the sweep in --out: keep its cases, run the rest of the list")
     parser.add_argument("--list", action="store_true", help="print the case list and exit (no GPU)")
     args = parser.parse_args(argv)
+    if args.resume and not args.out:
+        parser.error("--resume needs --out (the sweep to continue)")
     cases = sweep_cases(args.cases, args.quick)
     if args.list:
         for i, case in enumerate(cases):
@@ -270,22 +291,29 @@ def main(argv=None) -> int:
     kind = "fp8" if args.fp8 else "bf16"
     env = {**environment(), "kind": kind, "reps": args.reps, "settle_s": args.settle, "case_seed": CASE_SEED,
            "cases_listed": len(cases), "quick": args.quick}
+    records = []
+    if args.resume:
+        records, env = resumed(args.out, env)
     print(f"# {env}", flush=True)
-    meter, records, start = LimitMeter(args.reps, args.settle), [], time.perf_counter()
+    meter, start, earlier_s = LimitMeter(args.reps, args.settle), time.perf_counter(), env.get("wall_s", 0.0)
+    done = {rec["name"] for rec in records}
     for i, case in enumerate(cases):
+        if case.name in done:
+            continue
         if args.max_seconds is not None and time.perf_counter() - start > args.max_seconds:
-            print(f"# stopped after {i} of {len(cases)} cases (--max-seconds {args.max_seconds:g})")
+            print(f"# stopped after {len(records)} of {len(cases)} cases (--max-seconds {args.max_seconds:g})")
             break
         case_start = time.perf_counter()
         records.append(run_case_or_error(case, meter, args.reps, args.settle, kind))
         records[-1]["wall_s"] = time.perf_counter() - case_start  # build, compile, check, time
         print(f"{case_line(i, records[-1], kind)} {records[-1]['wall_s']:.1f}s", flush=True)
-        env["wall_s"] = time.perf_counter() - start
+        env["wall_s"] = earlier_s + time.perf_counter() - start
         if args.out:
             write(args.out, {"env": env, "cases": records, "summary": summarize(records, kind)})
     listed = {case.name: (i, case) for i, case in enumerate(cases)}
-    confirmed = 0
     for rec in lowest_cases(records, args.confirm if args.confirm_rounds > 0 else 0, kind):
+        if "confirm" in rec:  # (by the run that --resume continues)
+            continue
         index, case = listed[rec["name"]]
         try:
             samples = confirm_samples(case, meter, args.reps, args.settle, args.confirm_rounds, kind)
@@ -293,9 +321,9 @@ def main(argv=None) -> int:
             print(f"# {rec['name']}: not confirmed, {type(exc).__name__}: {exc}"[:300], flush=True)
             continue
         merge_confirmation(rec, samples, kind)
-        confirmed += 1
         print(f"confirmed {case_line(index, rec, kind)}", flush=True)
-    env.update(confirmed=confirmed, confirm_rounds=args.confirm_rounds, wall_s=time.perf_counter() - start)
+    env.update(confirmed=sum("confirm" in rec for rec in records), confirm_rounds=args.confirm_rounds,
+               wall_s=earlier_s + time.perf_counter() - start)
     result = {"env": env, "cases": records, "summary": summarize(records, kind)}
     if args.out:
         write(args.out, result)

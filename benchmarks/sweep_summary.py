@@ -102,6 +102,10 @@ def _confirmed(env: dict) -> str:
         return ""
     rounds = env["confirm_rounds"]
     again = "once more" if rounds == 1 else f"{rounds} more times"
+    if env.get("runs", 1) > 1:
+        return (f" Measured in {env['runs']} runs, each continuing the last; each run's cases lowest against the "
+                f"limit so far were timed {again}, path and limit alternating: the {env['confirmed']} such cases' "
+                f"figures are the medians of {rounds + 1} samples.")
     return (f" The {env['confirmed']} cases lowest against the limit were timed {again}, path and limit "
             f"alternating: their figures are the medians of {rounds + 1} samples.")
 

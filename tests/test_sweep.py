@@ -83,6 +83,51 @@ def test_main_confirms_the_lowest_cases_and_says_so(monkeypatch, tmp_path, capsy
             "figures are the medians of 5 samples.") in sweep_summary.render(result)
 
 
+def test_resume_runs_the_rest_and_confirms_only_the_unconfirmed(monkeypatch, tmp_path, capsys):
+    import json
+
+    from benchmarks import limit, sweep_summary, timing
+
+    cases = sweep_cases(120, quick=True)
+    effs = {case.name: 0.5 + 0.1 * i for i, case in enumerate(cases)}
+    ran, confirmed = [], []
+
+    def fake_run_case(case, meter, reps, settle_s, kind):
+        ran.append(case.name)
+        return _record(case.name, 100.0, 100.0 * effs[case.name], 10.0)
+
+    def fake_confirm(case, meter, reps, settle_s, rounds, kind):
+        confirmed.append(case.name)
+        return {"moonep_us": [100.0] * rounds, "gemm_us": [100.0 * effs[case.name]] * rounds,
+                "read_us": [10.0] * rounds}
+
+    monkeypatch.setattr(sweep, "run_case_or_error", fake_run_case)
+    monkeypatch.setattr(sweep, "confirm_samples", fake_confirm)
+    monkeypatch.setattr(limit, "LimitMeter", lambda reps, settle_s: None)
+    monkeypatch.setattr(timing, "environment", lambda: {"gpu": "G", "torch": "t", "triton": "tr", "python": "p",
+                                                        "date": "2026-01-01 00:00 UTC"})
+    out = tmp_path / "sweep.json"
+    assert sweep.main(["--quick", "--confirm", "2", "--out", str(out)]) == 0
+    first = json.loads(out.read_text())  # a run cut short after the cases 1 and 3, which it confirmed
+    kept = [first["cases"][1], first["cases"][3]]
+    kept[0].pop("confirm")
+    kept[1]["confirm"] = {"moonep_us": [100.0] * 3, "gemm_us": [100.0 * effs[cases[3].name]] * 3,
+                          "read_us": [10.0] * 3}
+    out.write_text(json.dumps({**first, "env": {**first["env"], "confirmed": 1}, "cases": kept}))
+    ran.clear(), confirmed.clear()
+    assert sweep.main(["--quick", "--confirm", "2", "--out", str(out), "--resume"]) == 0
+    assert ran == [case.name for i, case in enumerate(cases) if i not in (1, 3)]
+    assert confirmed == [cases[0].name, cases[1].name]  # the two lowest; the third-lowest stays as it was
+    result = json.loads(out.read_text())
+    assert sorted(rec["name"] for rec in result["cases"]) == sorted(case.name for case in cases)
+    assert (result["env"]["runs"], result["env"]["confirmed"]) == (2, 3)
+    assert ("Measured in 2 runs, each continuing the last; each run's cases lowest against the limit so far were "
+            "timed 2 more times, path and limit alternating: the 3 such cases' figures are the medians of 3 "
+            "samples.") in sweep_summary.render(result)
+    with pytest.raises(SystemExit, match=r"--resume: .* holds another sweep \(kind 'bf16' there, 'fp8' here\)"):
+        sweep.main(["--quick", "--fp8", "--out", str(out), "--resume"])
+
+
 def test_no_confirmation_is_rendered_as_none():
     from benchmarks import sweep_summary
 
