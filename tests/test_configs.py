@@ -133,7 +133,8 @@ def test_fp8_configs():
     rings, two stages each for the fused GEMM, four for the plain one, idle tiles skipped where the
     kernel finds two-tile segments. Elsewhere both consumers on each 128-row item (split rows), four
     stages for the fused GEMM and six for the plain one, idle upper halves of lone tiles skipped
-    except for large experts in buffers of 32768 rows and more."""
+    except for large experts in buffers of 32768 rows and more. From 256 groups the segment walk
+    steps over runs of empty segments a chunk at a time."""
     pick = configs.gluon_fp8_config
     ring = dict(block_m=64, block_n=128, block_k=128, pingpong=True, split_ring=True, tail_by_producer=True,
                 skip_idle_tiles=True)
@@ -142,9 +143,12 @@ def test_fp8_configs():
     for nvs, groups, n, k in ((13312, 388, 2048, 7168), (20480, 388, 2048, 7168), (1024, 388, 2048, 7168),
                               (1500, 104, 2048, 7168), (512, 132, 1536, 2048), (33024, 132, 1536, 2048),
                               (16384, 64, 1536, 2048), (32768, 132, 1536, 2048), (48896, 0, 1536, 2048)):
-        assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, **ring)
+        runs = groups >= 256
+        assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, skip_empty_runs=runs,
+                                                                                 **ring)
         plain = dict(ring, tail_by_producer=n >= 2048)  # (the down GEMM's reduction is I)
-        assert pick(k, n, nvs, fused=False, groups=groups) == configs.GluonConfig(stages=8, **plain)
+        assert pick(k, n, nvs, fused=False, groups=groups) == configs.GluonConfig(stages=8, skip_empty_runs=runs,
+                                                                                  **plain)
     rows = dict(block_m=128, block_n=128, block_k=128, pingpong=True, split_rows=True, tail_by_producer=True,
                 skip_lone_tiles_only=True)
     # kimi-k2 prefill, S=1024 at 64 rows per group, llama4, with no group count; qwen3-30b-a3b padded
@@ -154,12 +158,15 @@ def test_fp8_configs():
                                     (2048, 20, 8192, 5120, True), (45056, 0, 2048, 7168, False),
                                     (48896, 132, 1536, 2048, True), (16448, 64, 1536, 2048, True),
                                     (163072, 388, 1536, 2048, True)):
-        assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, skip_idle_half=skip,
-                                                                                 **rows)
-        plain = dict(rows, tail_by_producer=n >= 2048)  # (the down GEMM's reduction is I)
-        assert pick(k, n, nvs, fused=False, groups=groups) == configs.GluonConfig(stages=6, skip_idle_half=skip,
-                                                                                  **plain)
+        rows_here = dict(rows, skip_idle_half=skip, skip_empty_runs=groups >= 256)
+        assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, **rows_here)
+        plain = dict(rows_here, tail_by_producer=n >= 2048)  # (the down GEMM's reduction is I)
+        assert pick(k, n, nvs, fused=False, groups=groups) == configs.GluonConfig(stages=6, **plain)
     assert not pick(2048, 768, 48896, fused=False, groups=132).tail_by_producer  # qwen3 down: K = 768
+    # runs of empty segments stepped over a chunk at a time from 256 groups (kimi-k2's 388, the
+    # layout sweep's 260 and 1000), one at a time below (qwen3-30b-a3b's 132) and with no group count
+    assert [pick(1536, 2048, 512 * g, fused=True, groups=g).skip_empty_runs for g in (0, 132, 255, 256, 1000)] == [
+        False, False, False, True, True]
 
 
 @pytest.mark.parametrize("fields", [dict(pingpong=False), dict(split_ring=True, stages=4), dict(block_m=64),

@@ -192,7 +192,8 @@ class Features:
     """The kernel's switches (the entry's flags of the same names; ``CONSUMER_TAIL`` and
     ``PRODUCER_TAIL``: who zeroes the tail rows, if anyone), the handoff's bound on polls, and
     ``BLOCK_MAJOR``: the weights are block-major FP8 (:mod:`moonep_ops.fp8`), their descriptors
-    ``[G*N*K/128, 128]`` matrices."""
+    ``[G*N*K/128, 128]`` matrices; ``SKIP_EMPTY_RUNS``: the segment walk's chunked steps over
+    empty segments (:func:`.schedule.walk`)."""
     FP8: gl.constexpr
     FUSED: gl.constexpr
     HAS_WEIGHTS: gl.constexpr
@@ -208,11 +209,12 @@ class Features:
     HANDOFF: gl.constexpr
     MAX_POLLS: gl.constexpr
     BLOCK_MAJOR: gl.constexpr
+    SKIP_EMPTY_RUNS: gl.constexpr
 
     @constexpr_function
     def __init__(self, FP8, FUSED, HAS_WEIGHTS, CONSUMER_TAIL, PRODUCER_TAIL, SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
                  SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS,
-                 BLOCK_MAJOR):
+                 BLOCK_MAJOR, SKIP_EMPTY_RUNS):
         self.FP8 = _field(FP8)
         self.FUSED = _field(FUSED)
         self.HAS_WEIGHTS = _field(HAS_WEIGHTS)
@@ -228,3 +230,4 @@ class Features:
         self.HANDOFF = _field(HANDOFF)
         self.MAX_POLLS = _field(MAX_POLLS)
         self.BLOCK_MAJOR = _field(BLOCK_MAJOR)
+        self.SKIP_EMPTY_RUNS = _field(SKIP_EMPTY_RUNS)

@@ -46,6 +46,9 @@ class GluonConfig:
     # read each stage's weight tiles (half the weight bytes per FLOP of 64-row items), and each
     # releases the stage on its own, so neither waits for the other's scaling (the FP8 GEMMs)
     split_rows: bool = False
+    # the segment walk steps over a run of empty segments a chunk at a time (one segment end per
+    # thread; schedule.skip_empty) instead of one load per segment
+    skip_empty_runs: bool = True
 
     def __post_init__(self):
         if self.split_rows and (not self.pingpong or self.split_ring or self.handoff or self.skip_idle_tiles
@@ -158,6 +161,12 @@ LARGE_EXPERT = 8 << 20
 # each weight tile once for both consumers (6-12% faster on padded qwen3 S=512 to 8192 and the
 # layout sweep's padded qwen3-30b cases of 272-420 rows per group; docs/fp8.md).
 MULTI_TILE_ROWS = 256
+# Groups from which the FP8 GEMMs' segment walk steps over runs of empty segments a chunk at a time
+# (``skip_empty_runs``). Buffers of many groups hold long runs of empty ones in decode, and a load
+# per empty segment cost 19-36% on the layout sweep's cases of G = 260 and 1000 (36-128 live) and 4%
+# on kimi-k2 decode (G = 388, 52 live). With fewer groups the walk is short and the chunk's
+# registers (spills in the FP8 kernels) cost more: 5-7% on qwen3-30b-a3b S=64 (G = 132, none empty).
+MANY_GROUPS = 256
 
 
 def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0) -> GluonConfig:
@@ -184,14 +193,18 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
       hold two such tiles each (``skip_idle_tiles``). On padded decode both consumers then work on
       live tiles, where split rows would leave the upper consumer idle.
 
+    Either way, runs of empty segments are stepped over a chunk at a time in buffers of
+    ``MANY_GROUPS`` groups and more (``skip_empty_runs``), one segment at a time in smaller ones.
+
     docs/fp8.md gives the measurements."""
     large = n * k >= LARGE_EXPERT
+    runs = groups >= MANY_GROUPS
     tiny = num_rows < TINY_SEGMENT_ROWS * groups
     multi_tile = groups > 0 and num_rows > MULTI_TILE_ROWS * groups  # (groups 0: unknown)
     if tiny or not (large or multi_tile):
         return GluonConfig(block_m=64, block_n=128, block_k=128, stages=4 if fused else 8, pingpong=True,
-                           split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True)
+                           split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True, skip_empty_runs=runs)
     long_items = large and num_rows >= 32768
     return GluonConfig(block_m=128, block_n=128, block_k=128, stages=4 if fused else 6, pingpong=True,
                        split_rows=True, tail_by_producer=k >= 2048, skip_idle_half=not long_items,
-                       skip_lone_tiles_only=True)
+                       skip_lone_tiles_only=True, skip_empty_runs=runs)

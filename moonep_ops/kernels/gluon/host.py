@@ -171,7 +171,7 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
                 MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,
                 SPLIT_RING=cfg.split_ring, SKIP_IDLE_TILES=cfg.skip_idle_tiles, SPLIT_ROWS=cfg.split_rows,
-                BLOCK_MAJOR=is_block_major(w), num_warps=cfg.num_warps)
+                BLOCK_MAJOR=is_block_major(w), SKIP_EMPTY_RUNS=cfg.skip_empty_runs, num_warps=cfg.num_warps)
 
 
 def _compile_and_launch(grid, kwargs, role: PdlRole):

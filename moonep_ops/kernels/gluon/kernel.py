@@ -39,7 +39,7 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               SKIP_LONE_ONLY: gl.constexpr, SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr,
                               MAX_POLLS: gl.constexpr, HALF_LOADS: gl.constexpr, FP8: gl.constexpr,
                               SPLIT_RING: gl.constexpr, SKIP_IDLE_TILES: gl.constexpr, SPLIT_ROWS: gl.constexpr,
-                              BLOCK_MAJOR: gl.constexpr, num_warps: gl.constexpr):
+                              BLOCK_MAJOR: gl.constexpr, SKIP_EMPTY_RUNS: gl.constexpr, num_warps: gl.constexpr):
     """Arguments: the TMA descriptors of :func:`.host.descriptors`; ``out`` again as a pointer
     (masked stores); a weight per row of ``a`` (route weights, or zeros marking idle rows);
     ``cu_seqlens``; the row-tile handoff's state (:class:`.host.Handoff`); the sizes; ``ZERO_N``:
@@ -114,7 +114,7 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                     stride_usg, stride_usn, stride_osm)
     features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, PRODUCER_TAIL, SKIP_IDLE_HALF,
                         SKIP_BY_WEIGHT, SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF,
-                        MAX_POLLS, BLOCK_MAJOR)
+                        MAX_POLLS, BLOCK_MAJOR, SKIP_EMPTY_RUNS)
     if SPLIT_RING:  # two pipelines at once: consumer c and producer c on ring c
         ring0 = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
         ring1 = SharedMemory(a_bufs_1, w_bufs_1, w_up_bufs_1, out_bufs, zero_buf, ready_1, empty_1, turn, item_ids)

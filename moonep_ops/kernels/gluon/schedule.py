@@ -6,11 +6,11 @@ row tile; program ``pid`` takes items ``pid + i * num_programs``, or with the ro
 the next one from a global counter (:func:`.sync.next_item`). The producer and the consumers
 each find an item's segment by a forward walk over ``cu_seqlens`` (a program's items only move
 forward): no per-item scans. The walk steps over non-empty segments one scalar load at a time and,
-in the bf16/fp16 kernels, over a run of empty ones a whole chunk (one entry per thread) at a time:
-with many groups and few live ones (many experts, decode) a load per empty segment would put
-hundreds of dependent loads between a program's items. Segment ends are used as in the Triton
-kernel (rows masked to ``[0, min(end, NvS))``), so invalid ``cu_seqlens`` give unspecified values,
-never an out-of-bounds access.
+with ``SKIP_EMPTY_RUNS`` (the config's ``skip_empty_runs``), over a run of empty ones a whole chunk
+(one entry per thread) at a time: with many groups and few live ones (many experts, decode) a load
+per empty segment would put hundreds of dependent loads between a program's items. Segment ends
+are used as in the Triton kernel (rows masked to ``[0, min(end, NvS))``), so invalid
+``cu_seqlens`` give unspecified values, never an out-of-bounds access.
 
 Idle upper halves (``SKIP_IDLE_HALF``): a segment's last row tile whose upper 64 rows all lie past
 the segment's end or have weight 0 (``SKIP_BY_WEIGHT``: MoonEP's padding rows) runs its MMAs on
@@ -82,14 +82,12 @@ def item_coords(item, col_tiles, tiles_before, tiles_through, start, BLOCK_M: gl
 @gluon.jit
 def find_item(problem, tiling, features, item, group, tiles_before, tiles_through, start, end, WARPS: gl.constexpr):
     """Move the segment cursor to ``item``'s segment (``WARPS``: the calling partition's): returns
-    the new cursor, then the item's first row and column tile. The FP8 kernels step over empty
-    segments one at a time: there the chunk's registers add spills, which cost 2-5% on layouts
-    without empty segments (docs/fp8.md)."""
+    the new cursor, then the item's first row and column tile."""
     key = item if tiling.GROUP_MAJOR else item // problem.col_tiles
     scale = problem.col_tiles if tiling.GROUP_MAJOR else 1
     group, tiles_before, tiles_through, start, end = walk(problem.cu_seqlens_ptr, problem.G, key, scale, group,
                                                           tiles_before, tiles_through, start, end, tiling.BLOCK_M,
-                                                          WARPS, not features.FP8)
+                                                          WARPS, features.SKIP_EMPTY_RUNS)
     row_lo, col_tile = item_coords(item, problem.col_tiles, tiles_before, tiles_through, start, tiling.BLOCK_M,
                                    tiling.GROUP_MAJOR)
     return group, tiles_before, tiles_through, start, end, row_lo, col_tile
