@@ -321,20 +321,28 @@ def test_strided_block_major_weights(device):
 # The Gluon FP8 configs (sm90), each forced whatever the table picks: 64-row items on split rings
 # (with the idle-tile skip), 128-row items split between the consumers (with and without the
 # idle-upper-half skip of lone tiles). Layouts whose sizes TMA cannot address run the Triton kernel.
+# Each item scheme with each segment walk: one segment end at a time, or runs of empty segments a
+# chunk at a time (skip_empty_runs)
 GLUON_FP8_CONFIGS = {
-    "split_ring": dict(block_m=64, stages=(4, 8), split_ring=True, skip_idle_tiles=True),
+    "split_ring": dict(block_m=64, stages=(4, 8), split_ring=True, skip_idle_tiles=True, skip_empty_runs=False),
+    "split_ring_chunked_walk": dict(block_m=64, stages=(4, 8), split_ring=True, skip_idle_tiles=True),
     "split_rows_idle_halves": dict(block_m=128, stages=(4, 6), split_rows=True, skip_idle_half=True,
-                                   skip_lone_tiles_only=True),
+                                   skip_lone_tiles_only=True, skip_empty_runs=False),
     "split_rows": dict(block_m=128, stages=(4, 6), split_rows=True),
 }
+# Many groups, few live (an expert-parallel rank in decode): runs of empty segments longer than the
+# walk's chunks (a segment end per thread: 32 in the producer warp, 128 in a consumer warpgroup),
+# and an empty last group
+LONG_EMPTY_RUNS = Layout("long_empty_runs", tuple(40 if g in (0, 97, 250, 299) else 0 for g in range(300)) + (0,),
+                         200, k=256, n=256)
 _SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _SM90, reason="the Gluon FP8 kernels need an sm90 GPU")
 @pytest.mark.parametrize("config", GLUON_FP8_CONFIGS, ids=list(GLUON_FP8_CONFIGS))
-@pytest.mark.parametrize("layout", LAYOUTS + [MOONEP_PADDING, MOONEP_DECODE],
-                         ids=LAYOUT_IDS + [MOONEP_PADDING.name, MOONEP_DECODE.name])
+@pytest.mark.parametrize("layout", LAYOUTS + [MOONEP_PADDING, MOONEP_DECODE, LONG_EMPTY_RUNS],
+                         ids=LAYOUT_IDS + [MOONEP_PADDING.name, MOONEP_DECODE.name, LONG_EMPTY_RUNS.name])
 def test_gluon_fp8_configs(monkeypatch, layout, config):
     """Both FP8 GEMMs of the experts op and the plain one under each config, against the
     reference, MoonEP's padding rows of route weight 0, the buffers between launches full of NaN."""
