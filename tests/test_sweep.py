@@ -20,6 +20,18 @@ def _record(name, moonep_us, gemm_us, read_us, vllm_us=200.0):
                        "tail_zero": True}}
 
 
+def _without_gpu(monkeypatch, run_case, confirm):
+    """``sweep.main`` with ``run_case`` and ``confirm`` in place of the GPU's timings, no limit
+    meter, and a fixed environment."""
+    from benchmarks import limit, timing
+
+    monkeypatch.setattr(sweep, "run_case_or_error", run_case)
+    monkeypatch.setattr(sweep, "confirm_samples", confirm)
+    monkeypatch.setattr(limit, "LimitMeter", lambda reps, settle_s: None)
+    monkeypatch.setattr(timing, "environment", lambda: {"gpu": "G", "torch": "t", "triton": "tr", "python": "p",
+                                                        "date": "2026-01-01 00:00 UTC"})
+
+
 def test_a_confirmed_case_takes_the_medians_of_all_its_samples():
     rec = _record("c", 100.0, 60.0, 50.0)
     sweep.merge_confirmation(rec, {"moonep_us": [90.0, 95.0], "gemm_us": [62.0, 40.0], "read_us": [55.0, 70.0]})
@@ -44,7 +56,7 @@ def test_the_lowest_cases_are_the_timed_ones_lowest_against_the_limit():
 
 
 def test_main_confirms_the_lowest_cases_and_says_so(monkeypatch, tmp_path, capsys):
-    from benchmarks import limit, sweep_summary, timing
+    from benchmarks import sweep_summary
 
     cases = sweep_cases(120, quick=True)
     effs = {case.name: 0.5 + 0.1 * i for i, case in enumerate(cases)}
@@ -61,11 +73,7 @@ def test_main_confirms_the_lowest_cases_and_says_so(monkeypatch, tmp_path, capsy
         return {"moonep_us": [80.0] * rounds, "gemm_us": [100.0 * effs[case.name]] * rounds,
                 "read_us": [10.0] * rounds}
 
-    monkeypatch.setattr(sweep, "run_case_or_error", fake_run_case)
-    monkeypatch.setattr(sweep, "confirm_samples", fake_confirm)
-    monkeypatch.setattr(limit, "LimitMeter", lambda reps, settle_s: None)
-    monkeypatch.setattr(timing, "environment", lambda: {"gpu": "G", "torch": "t", "triton": "tr", "python": "p",
-                                                        "date": "2026-01-01 00:00 UTC"})
+    _without_gpu(monkeypatch, fake_run_case, fake_confirm)
     out = tmp_path / "sweep.json"
     assert sweep.main(["--quick", "--confirm", "3", "--confirm-rounds", "4", "--out", str(out)]) == 0
     assert confirmed == [(case.name, 4) for case in cases[:3]]
@@ -86,7 +94,7 @@ def test_main_confirms_the_lowest_cases_and_says_so(monkeypatch, tmp_path, capsy
 def test_resume_runs_the_rest_and_confirms_only_the_unconfirmed(monkeypatch, tmp_path, capsys):
     import json
 
-    from benchmarks import limit, sweep_summary, timing
+    from benchmarks import sweep_summary
 
     cases = sweep_cases(120, quick=True)
     effs = {case.name: 0.5 + 0.1 * i for i, case in enumerate(cases)}
@@ -101,11 +109,7 @@ def test_resume_runs_the_rest_and_confirms_only_the_unconfirmed(monkeypatch, tmp
         return {"moonep_us": [100.0] * rounds, "gemm_us": [100.0 * effs[case.name]] * rounds,
                 "read_us": [10.0] * rounds}
 
-    monkeypatch.setattr(sweep, "run_case_or_error", fake_run_case)
-    monkeypatch.setattr(sweep, "confirm_samples", fake_confirm)
-    monkeypatch.setattr(limit, "LimitMeter", lambda reps, settle_s: None)
-    monkeypatch.setattr(timing, "environment", lambda: {"gpu": "G", "torch": "t", "triton": "tr", "python": "p",
-                                                        "date": "2026-01-01 00:00 UTC"})
+    _without_gpu(monkeypatch, fake_run_case, fake_confirm)
     out = tmp_path / "sweep.json"
     assert sweep.main(["--quick", "--confirm", "2", "--out", str(out)]) == 0
     first = json.loads(out.read_text())  # a run cut short after the cases 1 and 3, which it confirmed
@@ -187,7 +191,7 @@ def test_the_fp8_summary_compares_with_the_bf16_path():
 def test_main_with_fp8_sweeps_the_fp8_path(monkeypatch, tmp_path):
     import json
 
-    from benchmarks import limit, report, timing
+    from benchmarks import report
 
     kinds = []
 
@@ -199,11 +203,7 @@ def test_main_with_fp8_sweeps_the_fp8_path(monkeypatch, tmp_path):
         kinds.append(kind)
         return {"moonep_fp8_us": [90.0] * rounds, "gemm_us": [70.0] * rounds, "read_us": [10.0] * rounds}
 
-    monkeypatch.setattr(sweep, "run_case_or_error", fake_run_case)
-    monkeypatch.setattr(sweep, "confirm_samples", fake_confirm)
-    monkeypatch.setattr(limit, "LimitMeter", lambda reps, settle_s: None)
-    monkeypatch.setattr(timing, "environment", lambda: {"gpu": "G", "torch": "t", "triton": "tr", "python": "p",
-                                                        "date": "2026-01-01 00:00 UTC"})
+    _without_gpu(monkeypatch, fake_run_case, fake_confirm)
     out, doc = tmp_path / "sweep_fp8.json", tmp_path / "fp8.md"
     assert sweep.main(["--fp8", "--quick", "--confirm", "1", "--out", str(out)]) == 0
     assert set(kinds) == {"fp8"} and len(kinds) == len(sweep_cases(120, quick=True)) + 1

@@ -198,13 +198,14 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
 
     docs/fp8.md gives the measurements."""
     large = n * k >= LARGE_EXPERT
-    runs = groups >= MANY_GROUPS
+    chunked_walk = groups >= MANY_GROUPS
     tiny = num_rows < TINY_SEGMENT_ROWS * groups
     multi_tile = groups > 0 and num_rows > MULTI_TILE_ROWS * groups  # (groups 0: unknown)
     if tiny or not (large or multi_tile):
         return GluonConfig(block_m=64, block_n=128, block_k=128, stages=4 if fused else 8, pingpong=True,
-                           split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True, skip_empty_runs=runs)
+                           split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True,
+                           skip_empty_runs=chunked_walk)
     long_items = large and num_rows >= 32768
     return GluonConfig(block_m=128, block_n=128, block_k=128, stages=4 if fused else 6, pingpong=True,
                        split_rows=True, tail_by_producer=k >= 2048, skip_idle_half=not long_items,
-                       skip_lone_tiles_only=True, skip_empty_runs=runs)
+                       skip_lone_tiles_only=True, skip_empty_runs=chunked_walk)
