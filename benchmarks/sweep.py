@@ -34,7 +34,7 @@ The JSON (``--out``, rewritten after every case, so a run cut short keeps what i
 efficiency, worst per bound, speedup over the base path). One line per case is printed as it
 finishes. ``--resume`` continues the sweep in an existing ``--out`` (a run that ``--max-seconds``
 cut short, on the same GPU kind): it keeps that file's cases, runs the rest of the list, and then
-confirms the lowest cases of all that are not confirmed yet.
+confirms those of the lowest cases of all (``--confirm``) that the earlier run did not confirm.
 
     python -m benchmarks.sweep [--out sweep.json] [--fp8] [--quick] [--cases 120] [--reps 50] [--settle 0.3]
                                [--confirm 8] [--confirm-rounds 2] [--max-seconds S] [--resume] [--list]
