@@ -9,7 +9,8 @@
 #   tests:     unit, then compile
 #   triton:    the cuda tests again with MOONEP_OPS_GLUON=0 (the Triton kernels on Hopper)
 #   portable:  the cuda tests again with MOONEP_OPS_PORTABLE=1 (the sm80 path)
-#   sanitize:  compute-sanitizer memcheck + racecheck (scripts/sanitize.sh; results in $OUT/sanitize/)
+#   sanitize:  compute-sanitizer memcheck + racecheck (scripts/sanitize.sh; results in $OUT/sanitize/;
+#              SANITIZE_SECONDS and SANITIZE_RESUME take it in parts: see sanitize.sh)
 #   bench:     benchmarks.run (JSON, log, chart, and the README table it gives), then benchmarks.train;
 #              BENCH_ARGS adds arguments to benchmarks.run, e.g. "--settle 0 --paddings 128"
 #   fuzz:      the CUDA fuzz, long profile: FUZZ_EXAMPLES per op (default 2000) in FUZZ_SHARDS

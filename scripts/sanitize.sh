@@ -7,12 +7,20 @@
 #      SANITIZE_TOOLS (default "memcheck racecheck"; synccheck and initcheck also work);
 #      COMPUTE_SANITIZER (path to the binary, if it is not found on its own);
 #      SANITIZE_CASES_ARGS (extra arguments for sanitize_cases.py, e.g. "--device cpu" for a dry run);
-#      SANITIZE_ONLY (one --only argument for it, spaces kept: e.g. "default fp8", a re-run of a change).
-# Exits non-zero if a tool reports any error ("ERROR SUMMARY: N errors" or racecheck's
+#      SANITIZE_ONLY (one --only argument for it, spaces kept: e.g. "default fp8", a re-run of a change);
+#      SANITIZE_SECONDS (each tool starts no case after this many seconds; the rest are left for a
+#        later part: the whole set takes longer than one GPU command may run. A case started just
+#        before the limit can take a minute under racecheck: leave room for it);
+#      SANITIZE_RESUME=1 (continue the run in $OUT/sanitize/, e.g. a copy of the last part's: each
+#        tool's logs move to <tool>.part<k>.log and .cases.log, and the cases those record as ok are
+#        skipped, unless the part's sanitizer log has no summary (cut short, never judged);
+#        summary.txt is appended to, and an earlier part's failure stands).
+# Exits 1 if a tool reports any error ("ERROR SUMMARY: N errors" or racecheck's
 # "(E errors, ...)" with N, E > 0, or no summary at all: a crashed run is not a clean one), or
 # if a case failed its numerics check or did not run. Excepted: racecheck reports that lie wholly
 # in Triton's warp-specialization handshake, while a control kernel with no moonep code
-# reproduces them (scripts/racecheck_triage.py, scripts/racecheck_control.py).
+# reproduces them (scripts/racecheck_triage.py, scripts/racecheck_control.py). Exits 3 if it
+# found nothing wrong but cases were left (SANITIZE_SECONDS): SANITIZE_RESUME=1 runs them.
 # tests/test_sanitize_script.py checks this verdict logic on CPU with a stand-in sanitizer.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
@@ -35,15 +43,41 @@ if [ -z "$san" ] || [ ! -x "$san" ]; then
   echo "sanitize: compute-sanitizer not found (set COMPUTE_SANITIZER)" | tee "$dir/summary.txt"
   exit 2
 fi
-{ echo "date: $(date -u +%FT%TZ)"; echo "sanitizer: $san"; "$san" --version | tail -n 2; } | tee "$dir/summary.txt"
-
 status=0
+incomplete=0
+summary_tee=(tee "$dir/summary.txt")
+if [ -n "${SANITIZE_RESUME:-}" ] && [ -f "$dir/summary.txt" ]; then
+  summary_tee=(tee -a "$dir/summary.txt")
+  grep -q "^sanitize status=1$" "$dir/summary.txt" && status=1  # an earlier part's failure stands
+fi
+{ echo "date: $(date -u +%FT%TZ)"; echo "sanitizer: $san"; "$san" --version | tail -n 2; } | "${summary_tee[@]}"
+
 for tool in $tools; do
   log="$dir/$tool.log"
+  done_args=()
+  if [ -n "${SANITIZE_RESUME:-}" ]; then
+    if [ -f "$dir/$tool.cases.log" ]; then
+      part=1
+      while [ -e "$dir/$tool.part$part.cases.log" ]; do part=$((part + 1)); done
+      mv "$dir/$tool.cases.log" "$dir/$tool.part$part.cases.log"
+      [ -f "$log" ] && mv "$log" "$dir/$tool.part$part.log"
+    fi
+    for earlier in "$dir/$tool".part*.cases.log; do
+      [ -f "$earlier" ] || continue
+      # A part cut short (no sanitizer summary) was never judged: its cases run again.
+      if grep -qE "(ERROR|RACECHECK) SUMMARY" "${earlier%.cases.log}.log" 2>/dev/null; then
+        done_args+=(--done "$earlier")
+      else
+        echo "$tool: $(basename "$earlier") has no sanitizer summary (cut short): its cases run again" \
+          | tee -a "$dir/summary.txt"
+      fi
+    done
+  fi
   t0=$(date +%s)
   # The sanitizer report goes to $log; the cases' own output (one line per case) to $tool.cases.log.
   "$san" --tool "$tool" --log-file "$log" --print-limit 1000 --error-exitcode 99 \
     python3 scripts/sanitize_cases.py ${SANITIZE_CASES_ARGS:-} ${SANITIZE_ONLY:+--only "$SANITIZE_ONLY"} \
+    ${done_args[@]+"${done_args[@]}"} ${SANITIZE_SECONDS:+--max-seconds "$SANITIZE_SECONDS"} \
     > "$dir/$tool.cases.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
@@ -73,6 +107,12 @@ for tool in $tools; do
   elif [ "$tolerated" -eq 0 ] && { [ "$errors" -ne 0 ] || [ "$rc" -ne 0 ]; }; then
     status=1
   fi
+  [[ "$cases" == *" failed=0"* ]] || status=1  # (the cases script also exits 1 then)
+  left=$(echo "$cases" | grep -Eo "left=[0-9]+" | grep -Eo "[0-9]+")
+  if [ "${left:-0}" -gt 0 ]; then
+    line="$line; incomplete: SANITIZE_RESUME=1 runs the $left cases left"
+    incomplete=1
+  fi
   echo "$line" | tee -a "$dir/summary.txt"
   # The first reported error, for the summary (the full report is in $log).
   if [ "$errors" != 0 ]; then
@@ -80,5 +120,6 @@ for tool in $tools; do
   fi
   grep -E ": FAILED" "$dir/$tool.cases.log" | head -n 20 | tee -a "$dir/summary.txt"
 done
+[ "$status" -eq 0 ] && [ "$incomplete" -eq 1 ] && status=3
 echo "sanitize status=$status" | tee -a "$dir/summary.txt"
 exit $status

@@ -14,14 +14,21 @@ epilogues, the experts op's row-tile handoff, a PDL dependent whose first items 
 and the split rings that only the FP8 configs take, forced on bf16.
 From sm89, the FP8 ops on their test layouts (the Gluon and the Triton FP8 kernels on sm90).
 
-Prints one line per case and ``SANITIZE_CASES ran=<n> failed=<m>``; exits 1 if any failed.
-``--device cpu`` runs the same cases on the CPU kernels (a dry run of this script); ``--only TEXT``
-runs the cases whose names contain TEXT (a re-run of what a change touched, e.g. ``--only fp8``).
+Prints one line per case and ``SANITIZE_CASES ran=<n> failed=<m> done=<d> left=<l>``; exits 1 if
+any failed. ``--device cpu`` runs the same cases on the CPU kernels (a dry run of this script);
+``--only TEXT`` runs the cases whose names contain TEXT (a re-run of what a change touched, e.g.
+``--only fp8``). Under the sanitizers the whole set takes longer than one GPU command may run, so a
+run is taken in parts: ``--max-seconds S`` starts no case after S seconds (the rest are counted as
+left), and ``--done LOG`` skips the cases that an earlier part's output LOG records as ok (counted as
+done).
 """
 
 import argparse
+import dataclasses
+import math
 import os
 import pathlib
+import re
 import sys
 import time
 import traceback
@@ -63,11 +70,45 @@ def problems(dtype):
     }
 
 
-ONLY = []  # --only: the case-name filter
+@dataclasses.dataclass
+class Selection:
+    """Which cases run: those whose names contain ``only``, less the cases an earlier part of the run
+    recorded as ok (``done``), until ``deadline`` (``time.monotonic()``); the others are counted."""
+    only: str = ""
+    done: frozenset = frozenset()
+    deadline: float = math.inf
+    skipped_done: int = 0
+    left: int = 0
+
+    def wants(self, name: str) -> bool:
+        if self.only not in name:
+            return False
+        if name in self.done:
+            self.skipped_done += 1
+            return False
+        if time.monotonic() >= self.deadline:
+            self.left += 1
+            return False
+        return True
+
+
+SELECTION = Selection()  # set by main() from the command line
+_OK_LINE = re.compile(r"^\[\s*[0-9.]+s\] (.+): ok$")
+
+
+def cases_done(logs) -> frozenset:
+    """The names of the cases that these earlier outputs of this script record as ok."""
+    names = set()
+    for log in logs:
+        for line in pathlib.Path(log).read_text().splitlines():
+            match = _OK_LINE.match(line)
+            if match:
+                names.add(match.group(1))
+    return frozenset(names)
 
 
 def _run(name, fn, results):
-    if ONLY and ONLY[0] not in name:
+    if not SELECTION.wants(name):
         return
     t0 = time.perf_counter()
     try:
@@ -201,9 +242,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--only", default="", help="run only the cases whose names contain this text")
+    parser.add_argument("--done", action="append", default=[], metavar="LOG",
+                        help="skip the cases that this earlier output records as ok (repeatable)")
+    parser.add_argument("--max-seconds", type=float, default=0,
+                        help="start no case after this many seconds (0: no limit); the rest are counted as left")
     args = parser.parse_args()
     device = args.device
-    ONLY[:] = [args.only] if args.only else []
+    SELECTION.only = args.only
+    SELECTION.done = cases_done(args.done)
+    if args.max_seconds > 0:
+        SELECTION.deadline = time.monotonic() + args.max_seconds
     if device == "cuda" and not torch.cuda.is_available():
         sys.exit("sanitize_cases.py: no CUDA device")
     modes = ["default"]
@@ -223,7 +271,8 @@ def main():
     _bad_cu_cases(modes, device, results)
     _set_mode("default")
     failed = [name for name, ok in results if not ok]
-    print(f"SANITIZE_CASES ran={len(results)} failed={len(failed)}", flush=True)
+    print(f"SANITIZE_CASES ran={len(results)} failed={len(failed)} done={SELECTION.skipped_done} left={SELECTION.left}",
+          flush=True)
     for name in failed:
         print(f"  failed: {name}")
     sys.exit(1 if failed else 0)
