@@ -50,15 +50,21 @@ def test_handshake_reports_with_a_failed_case_fail(tmp_path):
     assert "sanitize status=1" in summary
 
 
-def test_the_cases_run_each_op_in_its_own_dtypes():
-    """The case script's dry run on CPU (``--device cpu``), FP8 cases only: the FP8 ops are run
-    with the activation dtypes they take (bf16/fp16), never fp32, which they refuse."""
-    proc = subprocess.run([sys.executable, "scripts/sanitize_cases.py", "--device", "cpu", "--only", "fp8"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+def _cases(only, *args):
+    """The case script's dry run on CPU (``--device cpu``): its output."""
+    proc = subprocess.run([sys.executable, "scripts/sanitize_cases.py", "--device", "cpu", "--only", only, *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    summary = proc.stdout.strip().splitlines()[-1]
+    return proc.stdout
+
+
+def test_the_cases_run_each_op_in_its_own_dtypes():
+    """The case script's dry run on CPU, FP8 cases only: the FP8 ops are run with the activation
+    dtypes they take (bf16/fp16), never fp32, which they refuse."""
+    output = _cases("fp8")
+    summary = output.strip().splitlines()[-1]
     assert re.fullmatch(r"SANITIZE_CASES ran=[1-9][0-9]* failed=0 done=0 left=0", summary), summary
-    assert "float32" not in proc.stdout
+    assert "float32" not in output
 
 
 def test_only_filter_keeps_its_spaces(tmp_path):
@@ -72,27 +78,20 @@ def test_only_filter_keeps_its_spaces(tmp_path):
     assert cases and all(" mixed experts_fp8" in line for line in cases), cases
 
 
-def _cases(*args):
-    proc = subprocess.run([sys.executable, "scripts/sanitize_cases.py", "--device", "cpu", "--only", "mixed", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.stdout
-
-
 def test_the_cases_skip_what_an_earlier_part_passed_and_stop_at_the_time_limit(tmp_path):
     """``--done LOG`` skips the cases LOG records as ok (not a failed one); ``--max-seconds`` starts
     no case after the limit and counts the rest as left."""
-    whole = _cases()
+    whole = _cases("mixed")
     ran = int(re.search(r"ran=(\d+)", whole).group(1))
     lines = [line for line in whole.splitlines() if line.startswith("[")]
     assert len(lines) == ran >= 4
     earlier = tmp_path / "part1.cases.log"
     failed = lines[2].replace(": ok", ": FAILED")
     earlier.write_text("\n".join([lines[0], lines[1], failed, "SANITIZE_CASES ran=3 failed=1"]) + "\n")
-    resumed = _cases("--done", str(earlier))
+    resumed = _cases("mixed", "--done", str(earlier))
     assert f"SANITIZE_CASES ran={ran - 2} failed=0 done=2 left=0" in resumed
     assert lines[0].split("] ")[1] not in resumed and failed.split("] ")[1].split(":")[0] in resumed
-    assert f"SANITIZE_CASES ran=0 failed=0 done=0 left={ran}" in _cases("--max-seconds", "1e-9")
+    assert f"SANITIZE_CASES ran=0 failed=0 done=0 left={ran}" in _cases("mixed", "--max-seconds", "1e-9")
 
 
 def test_a_run_in_parts(tmp_path):
