@@ -10,7 +10,8 @@
 #      SANITIZE_ONLY (one --only argument for it, spaces kept: e.g. "default fp8", a re-run of a change);
 #      SANITIZE_SECONDS (each tool starts no case after this many seconds; the rest are left for a
 #        later part: the whole set takes longer than one GPU command may run. A case started just
-#        before the limit can take a minute under racecheck: leave room for it);
+#        before the limit can take over a minute (a forced FP8 config on the decode layout: about
+#        65 s under memcheck), and a part cut short counts for nothing: leave two minutes);
 #      SANITIZE_RESUME=1 (continue the run in $OUT/sanitize/, e.g. a copy of the last part's: each
 #        tool's logs move to <tool>.part<k>.log and .cases.log, and the cases those record as ok are
 #        skipped, unless the part's sanitizer log has no summary (cut short, never judged);
