@@ -292,6 +292,12 @@ GLUON_FP8_CANDIDATES = [
     (True, dict(stages=4, split_rows=True, skip_idle_half=True, skip_lone_tiles_only=True)),
     (False, dict(stages=6, split_rows=True, skip_idle_half=True, skip_lone_tiles_only=True)),
     (False, dict(stages=6, split_rows=True, tail_by_producer=False)),
+    # a GEMM as two launches (on_multi_tile; the table's for large experts in tiny buffers), each
+    # of which may take nothing
+    (True, dict(block_m=64, stages=4, split_ring=True, skip_idle_tiles=True, on_multi_tile=False)),
+    (False, dict(block_m=64, stages=8, split_ring=True, skip_idle_tiles=True, on_multi_tile=False)),
+    (True, dict(stages=4, split_rows=True, on_multi_tile=True)),
+    (False, dict(stages=6, split_rows=True, on_multi_tile=True)),
 ]
 
 
@@ -309,8 +315,8 @@ def run_gluon_fp8_candidates() -> None:
         gluon_host.launch(a, w, cu, out, 4, w_up=w if fused else None,
                           route_weights=torch.empty(rows, dtype=torch.float32) if fused else None,
                           idle_weights=None if fused else torch.empty(rows, dtype=torch.float32), zero_tail=not fused,
-                          scales=gluon_host.Fp8Scales(a_scale, w_scale, w_scale, out_scale), block_m=128,
-                          block_k=128, **cfg)
+                          scales=gluon_host.Fp8Scales(a_scale, w_scale, w_scale, out_scale),
+                          **{"block_m": 128, "block_k": 128, **cfg})
 
 
 def run_gluon_candidates(dtype) -> None:

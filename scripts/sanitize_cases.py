@@ -167,6 +167,16 @@ def _fp8_cases(mode: str, results) -> None:
             # (its sizes are multiples of 128: row-major, then block-major weights)
             _run(f"{mode} fp8 gluon {config} moonep_decode",
                  lambda: _with_monkeypatch(tf.test_gluon_fp8_configs, tf.MOONEP_DECODE, config), results)
+        # a GEMM as two launches, each deciding from cu_seqlens whether it takes the GEMM or nothing
+        for layout in (tf.MOONEP_DECODE, tf.PARTIAL_TILES, tf.MULTI_TILE):
+            _run(f"{mode} fp8 gluon launch pair {layout.name}",
+                 lambda: _with_monkeypatch(tf.test_two_launches_of_a_gemm_compute_it_once, layout), results)
+        for layout, fields in ((tf.MOONEP_DECODE, dict(tf.SPLIT_ROWS_FP8, on_multi_tile=True)),
+                               (tf.PARTIAL_TILES, dict(tf.SPLIT_ROWS_FP8, on_multi_tile=True)),
+                               (tf.MULTI_TILE, dict(tf.SPLIT_RING_FP8, on_multi_tile=False))):
+            _run(f"{mode} fp8 gluon lone launch of a pair {layout.name}",
+                 lambda: _with_monkeypatch(tf.test_a_launch_on_the_other_kind_of_layout_writes_nothing, layout,
+                                           fields), results)
 
 
 def _op_cases(modes, device, results) -> None:

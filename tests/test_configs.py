@@ -144,11 +144,12 @@ def test_fp8_configs():
                               (1500, 104, 2048, 7168), (512, 132, 1536, 2048), (33024, 132, 1536, 2048),
                               (16384, 64, 1536, 2048), (32768, 132, 1536, 2048), (48896, 0, 1536, 2048)):
         runs = groups >= 256
+        paired = False if n * k >= configs.LARGE_EXPERT else None  # (large experts: two launches)
         assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, skip_empty_runs=runs,
-                                                                                 **ring)
+                                                                                 on_multi_tile=paired, **ring)
         plain = dict(ring, tail_by_producer=n >= 2048)  # (the down GEMM's reduction is I)
         assert pick(k, n, nvs, fused=False, groups=groups) == configs.GluonConfig(stages=8, skip_empty_runs=runs,
-                                                                                  **plain)
+                                                                                  on_multi_tile=paired, **plain)
     rows = dict(block_m=128, block_n=128, block_k=128, pingpong=True, split_rows=True, tail_by_producer=True,
                 skip_lone_tiles_only=True)
     # kimi-k2 prefill, S=1024 at 64 rows per group, llama4, with no group count; qwen3-30b-a3b padded
@@ -167,6 +168,44 @@ def test_fp8_configs():
     # layout sweep's 260 and 1000), one at a time below (qwen3-30b-a3b's 132) and with no group count
     assert [pick(1536, 2048, 512 * g, fused=True, groups=g).skip_empty_runs for g in (0, 132, 255, 256, 1000)] == [
         False, False, False, True, True]
+
+
+def test_fp8_gemms_of_large_experts_in_tiny_buffers_launch_twice():
+    """Large experts under 64 rows per group, in buffers of more than 128 rows: split rings for
+    live segments of under two 128-row tiles on average (padded decode), then split rows, without
+    the idle-half skip, for the others (an expert-parallel rank's prefill); the kernels decide.
+    Elsewhere one launch, and the second config is None."""
+    second = configs.gluon_fp8_multi_tile_config
+    rows = dict(block_m=128, block_n=128, block_k=128, pingpong=True, split_rows=True, on_multi_tile=True)
+    # kimi-k2 decode and S=1024 (padded: 34 and 53 rows per group), unpadded S=1024 (21), llama4 decode
+    for nvs, groups, n, k in ((13312, 388, 2048, 7168), (20480, 388, 2048, 7168), (8192, 388, 2048, 7168),
+                              (1152, 20, 8192, 5120)):
+        for fused, stages, (n_here, k_here) in ((True, 4, (n, k)), (False, 6, (k, n))):
+            assert configs.gluon_fp8_config(n_here, k_here, nvs, fused, groups=groups).on_multi_tile is False
+            assert second(n_here, k_here, nvs, fused, groups=groups) == configs.GluonConfig(
+                stages=stages, tail_by_producer=k_here >= 2048, skip_empty_runs=groups >= 256, **rows)
+    # 128 rows or fewer (no segment of two tiles), 64 rows per group and more, small experts, no group count
+    for nvs, groups, n, k in ((128, 388, 2048, 7168), (24832, 388, 2048, 7168), (512, 132, 1536, 2048),
+                              (33024, 132, 1536, 2048), (13312, 0, 2048, 7168)):
+        assert configs.gluon_fp8_config(n, k, nvs, True, groups=groups).on_multi_tile is None
+        assert second(n, k, nvs, True, groups=groups) is None
+
+
+def test_a_launch_pair_takes_no_handoff():
+    """Each launch of a pair writes a whole GEMM or nothing: no row-tile handoff between them."""
+    assert configs.GluonConfig(on_multi_tile=True).on_multi_tile
+    with pytest.raises(ValueError, match="GluonConfig: on_multi_tile \\(one of two launches\\) needs no handoff"):
+        configs.GluonConfig(on_multi_tile=False, handoff=True)
+
+
+@pytest.mark.parametrize("on_multi_tile, run_on", [(None, 0), (True, 1), (False, 2)])
+def test_on_multi_tile_reaches_the_kernel(on_multi_tile, run_on):
+    """The kernel's ``RUN_ON`` constexpr is the config's ``on_multi_tile`` (CPU tensors: nothing
+    launches)."""
+    cfg = configs.GluonConfig(block_m=64, block_n=128, block_k=128, stages=8, split_ring=True,
+                              on_multi_tile=on_multi_tile)
+    args, _, _ = _plain_fp8_gemm(cfg)
+    assert args["RUN_ON"] == run_on
 
 
 @pytest.mark.parametrize("fields", [dict(pingpong=False), dict(split_ring=True, stages=4), dict(block_m=64),

@@ -384,6 +384,100 @@ def test_gluon_fp8_configs(monkeypatch, layout, config):
             assert sorted(set(picked)) == [False, True], "block-major weights did not reach both Gluon GEMMs"
 
 
+# The two kinds of layout of a GEMM that the config table launches twice. The second launch's
+# (on_multi_tile=True): live segments of 2.5 full 128-row tiles on average (MoonEP's padding; so is
+# MOONEP_PADDING, at 1.25). The first launch's: segments of one tile (MOONEP_DECODE), or of two
+# tiles on average whose last tiles are partly empty (below).
+MULTI_TILE = Layout("multi_tile", (384, 0, 256, 128, 0, 512), 1280 + 77, k=256, n=256, padded_to=128,
+                    real_rows=(300, 0, 200, 90, 0, 450))
+PARTIAL_TILES = Layout("partial_tiles", (300, 0, 150, 7), 457 + 40, k=256, n=256)
+SPLIT_RING_FP8 = dict(block_m=64, block_n=128, block_k=128, stages=(4, 8), pingpong=True, split_ring=True,
+                      skip_idle_tiles=True)
+SPLIT_ROWS_FP8 = dict(block_m=128, block_n=128, block_k=128, stages=(4, 6), pingpong=True, split_rows=True)
+
+
+def _forced_fp8_table(monkeypatch, first_fields, second=True):
+    """The FP8 table forced to one config (``first_fields``; stages: the fused GEMM's, the plain
+    one's) and, with ``second``, the table's second launch derived from it; returns the list of the
+    ``on_multi_tile`` fields of the launches compiled (one entry per launch)."""
+    from moonep_ops import flags
+    from moonep_ops.kernels.cuda import fp8 as cuda_fp8
+    from moonep_ops.kernels.cuda import paths
+    from moonep_ops.kernels.gluon import config as gluon_config, host
+
+    if paths.gluon_host() is None or flags.portable_only() or not flags.gluon():
+        pytest.skip("the Gluon kernels are off or unusable here")
+
+    def pick(n, k, num_rows, fused, groups=0):
+        stages = first_fields["stages"][0 if fused else 1]
+        return gluon_config.GluonConfig(**dict(first_fields, stages=stages, tail_by_producer=k >= 256))
+
+    launched = []
+    first_run = host._first_run
+
+    def recording_first_run(*args):
+        launched.append(args[6].on_multi_tile)  # (the config)
+        return first_run(*args)
+
+    monkeypatch.setattr(gluon_config, "gluon_fp8_config", pick)
+    if not second:
+        monkeypatch.setattr(gluon_config, "gluon_fp8_multi_tile_config", lambda *args, **kwargs: None)
+    monkeypatch.setattr(host, "_first_run", recording_first_run)
+    monkeypatch.setattr(host, "_PLANS", {})
+    monkeypatch.setattr(cuda_fp8, "_scratch", _nan_scratch)
+    return launched
+
+
+def _nan_outputs(args):
+    """``experts_fp8_out`` and ``grouped_gemm_fp8_out`` (x against w_gate) into outputs full of NaN."""
+    out = torch.full_like(args[0], float("nan"))
+    torch.ops.moonep.experts_fp8_out(*args, out)
+    x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
+    gemm = torch.full((x.shape[0], w_gate.shape[1]), float("nan"), dtype=x.dtype, device=x.device)
+    torch.ops.moonep.grouped_gemm_fp8_out(x, w_gate, scale, cu, gemm)
+    return out, gemm
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _SM90, reason="the Gluon FP8 kernels need an sm90 GPU")
+@pytest.mark.parametrize("layout", [MOONEP_DECODE, PARTIAL_TILES, MOONEP_PADDING, MULTI_TILE],
+                         ids=[MOONEP_DECODE.name, PARTIAL_TILES.name, MOONEP_PADDING.name, MULTI_TILE.name])
+def test_two_launches_of_a_gemm_compute_it_once(monkeypatch, layout):
+    """A GEMM launched twice (split rings for short live segments, split rows for segments of
+    several 128-row tiles; each kernel decides from ``cu_seqlens`` which of the two it is):
+    outputs and buffers full of NaN first, each of the experts op's GEMMs and the plain one
+    against the reference, the tail zeroed once."""
+    launched = _forced_fp8_table(monkeypatch, dict(SPLIT_RING_FP8, on_multi_tile=False))
+    args = _experts_args(layout, torch.bfloat16, "cuda")
+    if layout.padded_to > 1:
+        zero_padding_rows(layout, args[-2])
+    out, gemm = _nan_outputs(args)
+    assert launched == [False, True] * 3, "the GEMMs did not run as launch pairs"
+    _check(out, ref_experts_fp8(*args), layout, torch.bfloat16, "cuda", CUDA_EXPERTS_TOLERANCE)
+    x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
+    _check(gemm, ref_grouped_gemm_fp8(x, w_gate, scale, cu), layout, torch.bfloat16, "cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _SM90, reason="the Gluon FP8 kernels need an sm90 GPU")
+@pytest.mark.parametrize("layout,fields", [(MOONEP_DECODE, dict(SPLIT_ROWS_FP8, on_multi_tile=True)),
+                                           (PARTIAL_TILES, dict(SPLIT_ROWS_FP8, on_multi_tile=True)),
+                                           (MOONEP_PADDING, dict(SPLIT_RING_FP8, on_multi_tile=False)),
+                                           (MULTI_TILE, dict(SPLIT_RING_FP8, on_multi_tile=False))],
+                         ids=["decode_rows_launch", "partial_tiles_rows_launch", "padding_rings_launch",
+                              "multi_tile_rings_launch"])
+def test_a_launch_on_the_other_kind_of_layout_writes_nothing(monkeypatch, layout, fields):
+    """One launch of a pair alone, on a layout of the other launch's kind: no output row and no
+    tail row is written (the outputs stay NaN)."""
+    launched = _forced_fp8_table(monkeypatch, fields, second=False)
+    args = _experts_args(layout, torch.bfloat16, "cuda")
+    if layout.padded_to > 1:
+        zero_padding_rows(layout, args[-2])
+    out, gemm = _nan_outputs(args)
+    assert launched == [fields["on_multi_tile"]] * 3
+    assert torch.isnan(out).all() and torch.isnan(gemm).all(), "a launch wrote on the other kind of layout"
+
+
 @pytest.mark.parametrize("device", DEVICES[1:])
 def test_experts_fp8_does_not_read_rows_of_route_weight_zero(device):
     """On CUDA the quantization of ``x`` neither reads nor writes a row of route weight 0

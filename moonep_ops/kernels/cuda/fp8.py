@@ -52,7 +52,8 @@ def choose(a, w, fused: bool):
 
 def choose_gluon(a, w, w_up, out):
     """The Gluon kernel's config for e4m3 ``a`` against ``w`` (and ``w_up``: the fused GEMM), or
-    None where TMA cannot address the operands."""
+    the configs of its two launches (``on_multi_tile``), or None where TMA cannot address the
+    operands."""
     from ..gluon import config
     from ..triton.grouped_gemm import tma_addressable
     from ..triton.grouped_gemm_fp8 import tma_weights
@@ -60,7 +61,10 @@ def choose_gluon(a, w, w_up, out):
     weights = (w,) if w_up is None else (w, w_up)
     if not (tma_addressable(a) and a.numel() > 0 and all(tma_weights(t) for t in weights) and tma_addressable(out)):
         return None
-    return config.gluon_fp8_config(weight_dims(w)[1], a.shape[1], a.shape[0], w_up is not None, groups=w.shape[0])
+    signature = (weight_dims(w)[1], a.shape[1], a.shape[0], w_up is not None)
+    first = config.gluon_fp8_config(*signature, groups=w.shape[0])
+    second = config.gluon_fp8_multi_tile_config(*signature, groups=w.shape[0])
+    return first if second is None else (first, second)
 
 
 def _gemm(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_scale, gluon: bool, *,

@@ -49,6 +49,11 @@ class GluonConfig:
     # the segment walk steps over a run of empty segments a chunk at a time (one segment end per
     # thread; schedule.skip_empty) instead of one load per segment
     skip_empty_runs: bool = True
+    # one of two launches of a GEMM, each taking the whole GEMM (tail included) where the layout is
+    # its kind and nothing otherwise (the kernel counts tiles in its scan of cu_seqlens): True where
+    # the live segments average more than one 128-row tile and those tiles hold rows in both 64-row
+    # halves (MoonEP's 128-row padding), False elsewhere, None: one launch
+    on_multi_tile: bool | None = None
 
     def __post_init__(self):
         if self.split_rows and (not self.pingpong or self.split_ring or self.handoff or self.skip_idle_tiles
@@ -62,6 +67,8 @@ class GluonConfig:
         if self.split_ring and (not self.pingpong or self.handoff or self.stages % 2):
             raise ValueError(f"GluonConfig: split_ring needs ping-pong, no handoff and an even number of stages, got "
                              f"pingpong={self.pingpong}, handoff={self.handoff}, stages={self.stages}")
+        if self.on_multi_tile is not None and self.handoff:
+            raise ValueError("GluonConfig: on_multi_tile (one of two launches) needs no handoff")
         if self.epilogue_n not in (0, self.block_n, self.block_n // 2):
             raise ValueError(f"GluonConfig: epilogue_n must be 0 or block_n = {self.block_n} (the whole tile) or "
                              f"block_n // 2 = {self.block_n // 2}, got {self.epilogue_n}")
@@ -192,6 +199,13 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
       loop, and a segment's idle last 64-row tile skipped on an odd grid where the live segments
       hold two such tiles each (``skip_idle_tiles``). On padded decode both consumers then work on
       live tiles, where split rows would leave the upper consumer idle.
+    - both, for large experts under ``TINY_SEGMENT_ROWS`` rows per group (buffers of more than 128
+      rows): the rows per group do not tell padded decode (segments of one 128-row tile, where the
+      split rings win) or unpadded buffers (segments whose last tile is partly empty, where 64-row
+      items multiply fewer rows) from a padded expert-parallel rank's prefill (segments of several
+      full tiles, where split rows win), so such a GEMM is two launches (``on_multi_tile``,
+      :func:`gluon_fp8_multi_tile_config`), and each kernel's scan of ``cu_seqlens`` decides which
+      of the two does the work.
 
     Either way, runs of empty segments are stepped over a chunk at a time in buffers of
     ``MANY_GROUPS`` groups and more (``skip_empty_runs``), one segment at a time in smaller ones.
@@ -202,10 +216,24 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
     tiny = num_rows < TINY_SEGMENT_ROWS * groups
     multi_tile = groups > 0 and num_rows > MULTI_TILE_ROWS * groups  # (groups 0: unknown)
     if tiny or not (large or multi_tile):
+        # (a buffer of up to 128 rows holds no segment of two 128-row tiles)
+        paired = large and tiny and num_rows > 128
         return GluonConfig(block_m=64, block_n=128, block_k=128, stages=4 if fused else 8, pingpong=True,
                            split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True,
-                           skip_empty_runs=chunked_walk)
+                           skip_empty_runs=chunked_walk, on_multi_tile=False if paired else None)
     long_items = large and num_rows >= 32768
     return GluonConfig(block_m=128, block_n=128, block_k=128, stages=4 if fused else 6, pingpong=True,
                        split_rows=True, tail_by_producer=k >= 2048, skip_idle_half=not long_items,
                        skip_lone_tiles_only=True, skip_empty_runs=chunked_walk)
+
+
+def gluon_fp8_multi_tile_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0) -> GluonConfig | None:
+    """The second launch of an FP8 GEMM whose :func:`gluon_fp8_config` is the split rings' launch
+    (``on_multi_tile=False``), else None: split rows, without the idle-half skip, for layouts
+    whose live segments average more than one full 128-row tile."""
+    first = gluon_fp8_config(n, k, num_rows, fused, groups=groups)
+    if first.on_multi_tile is not False:
+        return None
+    return GluonConfig(block_m=128, block_n=128, block_k=128, stages=4 if fused else 6, pingpong=True,
+                       split_rows=True, tail_by_producer=k >= 2048, skip_empty_runs=first.skip_empty_runs,
+                       on_multi_tile=True)

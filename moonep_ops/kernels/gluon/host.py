@@ -171,7 +171,8 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
                 MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,
                 SPLIT_RING=cfg.split_ring, SKIP_IDLE_TILES=cfg.skip_idle_tiles, SPLIT_ROWS=cfg.split_rows,
-                BLOCK_MAJOR=is_block_major(w), SKIP_EMPTY_RUNS=cfg.skip_empty_runs, num_warps=cfg.num_warps)
+                BLOCK_MAJOR=is_block_major(w), SKIP_EMPTY_RUNS=cfg.skip_empty_runs,
+                RUN_ON={None: 0, True: 1, False: 2}[cfg.on_multi_tile], num_warps=cfg.num_warps)
 
 
 def _compile_and_launch(grid, kwargs, role: PdlRole):
@@ -237,11 +238,12 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
         role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None,
         scales: Fp8Scales = None, key=None) -> GluonResult:
     """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
-    SwiGLU GEMM (arguments as in :func:`kernel_args`). ``choose(a, w, w_up, out) -> GluonConfig |
-    None`` runs once per static signature (None: not for this kernel). The first call per
-    signature compiles and launches through Triton's JIT; later calls launch the compiled kernel
-    directly (:mod:`..launch`). ``key``: the caller's static signature of these operands, when
-    it has one (it must fix every operand's layout, scales included); else this computes one."""
+    SwiGLU GEMM (arguments as in :func:`kernel_args`). ``choose(a, w, w_up, out)`` runs once per
+    static signature: a :class:`GluonConfig`, or a tuple of the configs of a GEMM's launches
+    (``on_multi_tile``), or None (not for this kernel). The first call per signature compiles
+    and launches through Triton's JIT; later calls launch the compiled kernels directly
+    (:mod:`..launch`). ``key``: the caller's static signature of these operands, when it has one
+    (it must fix every operand's layout, scales included); else this computes one."""
     if w.shape[1] == 0:
         return GluonResult.RAN
     if a.shape[0] == 0:  # no rows: no tail either
@@ -254,22 +256,24 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
                                *(() if scales is None else (scales.a, scales.w, scales.w_up, scales.out)))
     key = (key, w_up is None, route_weights is None, idle_weights is None, choose, zero_tail, role,
            None if handoff is None else handoff.flag_target)
-    plan = _PLANS.get(key)
-    if plan is None:
-        cfg = choose(a, w, w_up, out)
-        if cfg is None:
+    plans = _PLANS.get(key)
+    if plans is None:
+        chosen = choose(a, w, w_up, out)
+        if chosen is None:
             _PLANS[key] = GluonResult.NOT_APPLICABLE
             return GluonResult.NOT_APPLICABLE
-        plan = _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights, tail_out,
-                          handoff, scales)
-        if direct.enabled() and hasattr(plan.launch.kernel, "run"):
-            _PLANS[key] = plan
-        return plan.result
-    if plan is GluonResult.NOT_APPLICABLE:
-        return plan
-    zeroed = tail_out if plan.result is GluonResult.RAN_AND_ZEROED_TAIL_OUT else out
+        plans = tuple(_first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights,
+                                 tail_out, handoff, scales)
+                      for cfg in (chosen if isinstance(chosen, tuple) else (chosen,)))
+        if direct.enabled() and all(hasattr(plan.launch.kernel, "run") for plan in plans):
+            _PLANS[key] = plans
+        return plans[0].result
+    if plans is GluonResult.NOT_APPLICABLE:
+        return plans
+    zeroed = tail_out if plans[0].result is GluonResult.RAN_AND_ZEROED_TAIL_OUT else out
     g, n, k = weight_dims(w)
-    plan.launch([a, w, w_up_or_w, out, zeroed, a if plan.half_loads else None, out, rw, cu_seqlens,
-                 cu_seqlens if handoff is None else handoff.state, g, a.shape[0], n, k, out.stride(0),
-                 zeroed.shape[1], 0 if handoff is None else handoff.flag_target, *_scale_args(a, scales)])
-    return plan.result
+    rest = [out, rw, cu_seqlens, cu_seqlens if handoff is None else handoff.state, g, a.shape[0], n, k, out.stride(0),
+            zeroed.shape[1], 0 if handoff is None else handoff.flag_target, *_scale_args(a, scales)]
+    for plan in plans:  # (a launch may replace tensors in its list by descriptors: a list each)
+        plan.launch([a, w, w_up_or_w, out, zeroed, a if plan.half_loads else None, *rest])
+    return plans[0].result

@@ -39,14 +39,16 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               SKIP_LONE_ONLY: gl.constexpr, SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr,
                               MAX_POLLS: gl.constexpr, HALF_LOADS: gl.constexpr, FP8: gl.constexpr,
                               SPLIT_RING: gl.constexpr, SKIP_IDLE_TILES: gl.constexpr, SPLIT_ROWS: gl.constexpr,
-                              BLOCK_MAJOR: gl.constexpr, SKIP_EMPTY_RUNS: gl.constexpr, num_warps: gl.constexpr):
+                              BLOCK_MAJOR: gl.constexpr, SKIP_EMPTY_RUNS: gl.constexpr, RUN_ON: gl.constexpr,
+                              num_warps: gl.constexpr):
     """Arguments: the TMA descriptors of :func:`.host.descriptors`; ``out`` again as a pointer
     (masked stores); a weight per row of ``a`` (route weights, or zeros marking idle rows);
     ``cu_seqlens``; the row-tile handoff's state (:class:`.host.Handoff`); the sizes; ``ZERO_N``:
     the width of the tensor whose tail the producer zeroes; ``FLAG_TARGET``: a row tile's flag
     once the primary stored all of it; the FP8 block scales and their strides (:class:`.bundles.Scales`).
     Then :class:`.config.GluonConfig` and the launch's role as constexprs (see
-    :func:`.host.kernel_args`)."""
+    :func:`.host.kernel_args`; ``RUN_ON``: the config's ``on_multi_tile``, 0 for None, 1 for True,
+    2 for False)."""
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
         # programs take the SMs this grid's programs leave and wait for this grid's memory.
@@ -56,13 +58,18 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     real_tiles = 0
     live_segments = 0
+    tiles_64 = 0
+    tiles_128 = 0
     for c in range(0, G, BLOCK_G):
         offs = c + gl.arange(0, BLOCK_G, layout=scan_layout)
         ends = gl.load(cu_seqlens_ptr + offs, mask=offs < G, other=0)
         starts = gl.load(cu_seqlens_ptr + offs - 1, mask=(offs > 0) & (offs < G), other=0)
         real_tiles += gl.sum((gl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M, 0)
-        if SKIP_IDLE_TILES:
+        if SKIP_IDLE_TILES or RUN_ON != 0:
             live_segments += gl.sum((ends > starts).to(gl.int32), 0)
+        if RUN_ON != 0:
+            tiles_64 += gl.sum((gl.maximum(ends - starts, 0) + 63) // 64, 0)
+            tiles_128 += gl.sum((gl.maximum(ends - starts, 0) + 127) // 128, 0)
     spread = 0
     if SKIP_IDLE_TILES:
         # Segments of two row tiles (1.75-2 on average: decode, 128-row padded segments of a few
@@ -72,6 +79,15 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         two_tiles = (real_tiles <= 2 * live_segments) & (4 * real_tiles >= 7 * live_segments)
         spread = (two_tiles & (num_progs % 2 == 0) & (num_progs > 1)).to(gl.int32)
     live_end = gl.minimum(gl.maximum(gl.load(cu_seqlens_ptr + G - 1), 0), NUM_ROWS)
+    if RUN_ON != 0:
+        # One of a GEMM's two launches (the config's ``on_multi_tile``): it takes the whole GEMM,
+        # tail included, where the layout is its kind, else no item and no tail row. RUN_ON 1: live
+        # segments of more than one 128-row tile on average whose tiles hold rows in both 64-row
+        # halves (at least 15 in 16 of them; MoonEP's 128-row padding: all); RUN_ON 2: the others.
+        multi_tile = ((tiles_128 > live_segments) & (8 * tiles_64 >= 15 * tiles_128)).to(gl.int32)
+        mine = multi_tile if RUN_ON == 1 else 1 - multi_tile
+        real_tiles = real_tiles * mine
+        live_end = live_end + (NUM_ROWS - live_end) * (1 - mine)
     col_tiles = gl.cdiv(N, BLOCK_N)
     zero_col_tiles = gl.cdiv(ZERO_N, zero_desc.block_type.shape[1])
     real_items = real_tiles * col_tiles
