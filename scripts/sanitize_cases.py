@@ -170,7 +170,7 @@ def _fp8_cases(mode: str, results) -> None:
         # a GEMM as two launches, each deciding from cu_seqlens whether it takes the GEMM or nothing
         for layout in (tf.MOONEP_DECODE, tf.PARTIAL_TILES, tf.MULTI_TILE):
             _run(f"{mode} fp8 gluon launch pair {layout.name}",
-                 lambda: _with_monkeypatch(tf.test_two_launches_of_a_gemm_compute_it_once, layout), results)
+                 lambda: _with_monkeypatch(tf.test_two_launches_of_a_gemm_compute_it_once, layout, True), results)
         for layout, fields in ((tf.MOONEP_DECODE, dict(tf.SPLIT_ROWS_FP8, on_multi_tile=True)),
                                (tf.PARTIAL_TILES, dict(tf.SPLIT_ROWS_FP8, on_multi_tile=True)),
                                (tf.MULTI_TILE, dict(tf.SPLIT_RING_FP8, on_multi_tile=False))):

@@ -198,6 +198,23 @@ def test_a_launch_pair_takes_no_handoff():
         configs.GluonConfig(on_multi_tile=False, handoff=True)
 
 
+def test_a_launch_pair_is_a_pdl_pair_or_plain():
+    """A GEMM's pair of launches: the second a programmatic dependent of the first, or both plain;
+    one launch keeps the caller's role, and a pair takes none of its own."""
+    from moonep_ops.kernels.cuda import paths
+    from moonep_ops.kernels.pdl import PdlRole
+
+    host = paths.gluon_host()
+    if host is None:
+        pytest.skip("this Triton has no usable Gluon")
+    assert host._roles(2, PdlRole.NONE, True) == (PdlRole.PRIMARY, PdlRole.DEPENDENT)
+    assert host._roles(2, PdlRole.NONE, False) == (PdlRole.NONE, PdlRole.NONE)
+    assert host._roles(1, PdlRole.DEPENDENT, True) == (PdlRole.DEPENDENT,)
+    with pytest.raises(ValueError, match="a GEMM's launches: one, or a pair without a PDL role of its own; got 2 "
+                                         "launches in role primary"):
+        host._roles(2, PdlRole.PRIMARY, True)
+
+
 @pytest.mark.parametrize("on_multi_tile, run_on", [(None, 0), (True, 1), (False, 2)])
 def test_on_multi_tile_reaches_the_kernel(on_multi_tile, run_on):
     """The kernel's ``RUN_ON`` constexpr is the config's ``on_multi_tile`` (CPU tensors: nothing

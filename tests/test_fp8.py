@@ -442,11 +442,17 @@ def _nan_outputs(args):
 @pytest.mark.skipif(not _SM90, reason="the Gluon FP8 kernels need an sm90 GPU")
 @pytest.mark.parametrize("layout", [MOONEP_DECODE, PARTIAL_TILES, MOONEP_PADDING, MULTI_TILE],
                          ids=[MOONEP_DECODE.name, PARTIAL_TILES.name, MOONEP_PADDING.name, MULTI_TILE.name])
-def test_two_launches_of_a_gemm_compute_it_once(monkeypatch, layout):
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "plain"])
+def test_two_launches_of_a_gemm_compute_it_once(monkeypatch, layout, pdl):
     """A GEMM launched twice (split rings for short live segments, split rows for segments of
-    several 128-row tiles; each kernel decides from ``cu_seqlens`` which of the two it is):
-    outputs and buffers full of NaN first, each of the experts op's GEMMs and the plain one
-    against the reference, the tail zeroed once."""
+    several full 128-row tiles; each kernel decides from ``cu_seqlens`` which of the two it is),
+    the second a programmatic dependent of the first or launched plainly: outputs and buffers
+    full of NaN first, each of the experts op's GEMMs and the plain one against the reference,
+    the tail zeroed once."""
+    from moonep_ops import flags
+
+    monkeypatch.setenv(flags.PDL, "1" if pdl else "0")
+    monkeypatch.setattr(flags, "_current", None)  # (read again from the environment; restored after)
     launched = _forced_fp8_table(monkeypatch, dict(SPLIT_RING_FP8, on_multi_tile=False))
     args = _experts_args(layout, torch.bfloat16, "cuda")
     if layout.padded_to > 1:

@@ -4,7 +4,11 @@
 gate/up GEMM, which writes ``act`` as e4m3 with per-row, per-128-column scales, then the down GEMM
 on that ``act``. They launch in stream order, without PDL: the down GEMM's early programs would
 only wait for the whole fused grid (the FP8 configs take no row-tile handoff), and a fused GEMM
-launched while the quantization finishes ran slower (its programs start staggered). The GEMMs
+launched while the quantization finishes ran slower (its programs start staggered). A GEMM that
+the config table launches twice (large experts in small buffers: :func:`choose_gluon`) is the
+exception: the launch that takes no work is a short scan of ``cu_seqlens``, and its pair's second
+launch is a PDL dependent of the first (``MOONEP_OPS_PDL=0``: plain), started as the first's
+programs finish. The GEMMs
 run on the warp-specialized Gluon kernel on sm90 (as the bf16 ops do, ``MOONEP_OPS_GLUON`` and
 ``MOONEP_OPS_PORTABLE`` switching it off), else on :mod:`..triton.grouped_gemm_fp8`: e4m3
 tensor-core MMAs exist from sm89 (Ada) on, and sm90 reads its weights by TMA unless
@@ -77,7 +81,7 @@ def _gemm(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_
         host = gluon_host()
         scales = host.Fp8Scales(a_scale, w_scale, w_scale if w_up is None else w_up_scale, out_scale)
         ran = host.run(a, w, w_up, route_weights, cu, out, choose_gluon, zero_tail=zero_tail, scales=scales,
-                       key=key, idle_weights=idle_weights)
+                       key=key, idle_weights=idle_weights, pair_pdl=flags.pdl())
         if ran is not host.GluonResult.NOT_APPLICABLE:
             return
     grouped_gemm_fp8.run(a, a_scale, w, w_scale, w_up, w_up_scale, route_weights, cu, out, out_scale, choose,

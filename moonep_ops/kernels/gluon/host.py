@@ -234,16 +234,28 @@ def _first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role,
     return _Plan(launch, descs[5] is not None, result)
 
 
+def _roles(launches: int, role: PdlRole, pair_pdl: bool) -> tuple:
+    """The PDL role of each launch of a GEMM: ``role``, or a pair's (which takes no role of its own)."""
+    if launches == 1:
+        return (role,)
+    if launches != 2 or role is not PdlRole.NONE:
+        raise ValueError(f"a GEMM's launches: one, or a pair without a PDL role of its own; got {launches} "
+                         f"launches in role {role.value}")
+    return (PdlRole.PRIMARY, PdlRole.DEPENDENT) if pair_pdl else (role, role)
+
+
 def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool = True,
         role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None,
-        scales: Fp8Scales = None, key=None) -> GluonResult:
+        scales: Fp8Scales = None, key=None, pair_pdl: bool = False) -> GluonResult:
     """The CUDA ops' entry on sm90: ``out[seg_g] = a[seg_g] @ w[g].T``, or with ``w_up`` the fused
     SwiGLU GEMM (arguments as in :func:`kernel_args`). ``choose(a, w, w_up, out)`` runs once per
-    static signature: a :class:`GluonConfig`, or a tuple of the configs of a GEMM's launches
-    (``on_multi_tile``), or None (not for this kernel). The first call per signature compiles
-    and launches through Triton's JIT; later calls launch the compiled kernels directly
-    (:mod:`..launch`). ``key``: the caller's static signature of these operands, when it has one
-    (it must fix every operand's layout, scales included); else this computes one."""
+    static signature: a :class:`GluonConfig`, or a pair of configs whose launches each take the
+    whole GEMM or nothing (``on_multi_tile``), or None (not for this kernel). With ``pair_pdl`` a
+    pair's second launch is a programmatic dependent of its first: its programs start as the
+    first's finish, so that the launch that takes nothing costs little. The first call per
+    signature compiles and launches through Triton's JIT; later calls launch the compiled kernels
+    directly (:mod:`..launch`). ``key``: the caller's static signature of these operands, when it
+    has one (it must fix every operand's layout, scales included); else this computes one."""
     if w.shape[1] == 0:
         return GluonResult.RAN
     if a.shape[0] == 0:  # no rows: no tail either
@@ -255,16 +267,17 @@ def run(a, w, w_up, route_weights, cu_seqlens, out, choose, *, zero_tail: bool =
                                None if handoff is None else handoff.state,
                                *(() if scales is None else (scales.a, scales.w, scales.w_up, scales.out)))
     key = (key, w_up is None, route_weights is None, idle_weights is None, choose, zero_tail, role,
-           None if handoff is None else handoff.flag_target)
+           None if handoff is None else handoff.flag_target, pair_pdl)
     plans = _PLANS.get(key)
     if plans is None:
         chosen = choose(a, w, w_up, out)
         if chosen is None:
             _PLANS[key] = GluonResult.NOT_APPLICABLE
             return GluonResult.NOT_APPLICABLE
-        plans = tuple(_first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, role, idle_weights,
+        configs = chosen if isinstance(chosen, tuple) else (chosen,)
+        plans = tuple(_first_run(a, w, w_up, route_weights, cu_seqlens, out, cfg, zero_tail, launch_role, idle_weights,
                                  tail_out, handoff, scales)
-                      for cfg in (chosen if isinstance(chosen, tuple) else (chosen,)))
+                      for cfg, launch_role in zip(configs, _roles(len(configs), role, pair_pdl)))
         if direct.enabled() and all(hasattr(plan.launch.kernel, "run") for plan in plans):
             _PLANS[key] = plans
         return plans[0].result
