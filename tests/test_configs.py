@@ -144,7 +144,8 @@ def test_fp8_configs():
                               (1500, 104, 2048, 7168), (512, 132, 1536, 2048), (33024, 132, 1536, 2048),
                               (16384, 64, 1536, 2048), (32768, 132, 1536, 2048), (48896, 0, 1536, 2048)):
         runs = groups >= 256
-        paired = False if n * k >= configs.LARGE_EXPERT else None  # (large experts: two launches)
+        # (large experts from 48 rows per group: two launches)
+        paired = False if n * k >= configs.LARGE_EXPERT and nvs >= 48 * groups else None
         assert pick(n, k, nvs, fused=True, groups=groups) == configs.GluonConfig(stages=4, skip_empty_runs=runs,
                                                                                  on_multi_tile=paired, **ring)
         plain = dict(ring, tail_by_producer=n >= 2048)  # (the down GEMM's reduction is I)
@@ -171,21 +172,23 @@ def test_fp8_configs():
 
 
 def test_fp8_gemms_of_large_experts_in_tiny_buffers_launch_twice():
-    """Large experts under 64 rows per group, in buffers of more than 128 rows: split rings for
-    live segments of under two 128-row tiles on average (padded decode), then split rows, without
-    the idle-half skip, for the others (an expert-parallel rank's prefill); the kernels decide.
-    Elsewhere one launch, and the second config is None."""
+    """Large experts from 48 to 64 rows per group, in buffers of more than 128 rows: split rings
+    for segments of one 128-row tile or partly empty tiles (decode, unpadded), then split rows,
+    without the idle-half skip, for segments of several full tiles (an expert-parallel rank's
+    padded prefill); the kernels decide. Elsewhere one launch, and the second config is None."""
     second = configs.gluon_fp8_multi_tile_config
     rows = dict(block_m=128, block_n=128, block_k=128, pingpong=True, split_rows=True, on_multi_tile=True)
-    # kimi-k2 decode and S=1024 (padded: 34 and 53 rows per group), unpadded S=1024 (21), llama4 decode
-    for nvs, groups, n, k in ((13312, 388, 2048, 7168), (20480, 388, 2048, 7168), (8192, 388, 2048, 7168),
-                              (1152, 20, 8192, 5120)):
+    # kimi-k2 S=1024 padded (52.8 rows per group), at 48 rows per group, llama4 (57.6)
+    for nvs, groups, n, k in ((20480, 388, 2048, 7168), (18624, 388, 2048, 7168), (1152, 20, 8192, 5120)):
         for fused, stages, (n_here, k_here) in ((True, 4, (n, k)), (False, 6, (k, n))):
             assert configs.gluon_fp8_config(n_here, k_here, nvs, fused, groups=groups).on_multi_tile is False
             assert second(n_here, k_here, nvs, fused, groups=groups) == configs.GluonConfig(
                 stages=stages, tail_by_producer=k_here >= 2048, skip_empty_runs=groups >= 256, **rows)
-    # 128 rows or fewer (no segment of two tiles), 64 rows per group and more, small experts, no group count
-    for nvs, groups, n, k in ((128, 388, 2048, 7168), (24832, 388, 2048, 7168), (512, 132, 1536, 2048),
+    # kimi-k2 decode (padded: 34.3 rows per group), unpadded S=1024 (21.1), just under 48 rows per
+    # group; 128 rows or fewer (no segment of two tiles), 64 rows per group and more, small experts,
+    # no group count
+    for nvs, groups, n, k in ((13312, 388, 2048, 7168), (8192, 388, 2048, 7168), (18623, 388, 2048, 7168),
+                              (128, 2, 2048, 7168), (24832, 388, 2048, 7168), (512, 132, 1536, 2048),
                               (33024, 132, 1536, 2048), (13312, 0, 2048, 7168)):
         assert configs.gluon_fp8_config(n, k, nvs, True, groups=groups).on_multi_tile is None
         assert second(n, k, nvs, True, groups=groups) is None

@@ -168,6 +168,13 @@ LARGE_EXPERT = 8 << 20
 # each weight tile once for both consumers (6-12% faster on padded qwen3 S=512 to 8192 and the
 # layout sweep's padded qwen3-30b cases of 272-420 rows per group; docs/fp8.md).
 MULTI_TILE_ROWS = 256
+# Rows per group from which the FP8 GEMMs of large experts under ``TINY_SEGMENT_ROWS`` rows per group
+# are two launches (split rings, then split rows; the kernels' scan picks the one that works). The
+# launch that takes nothing costs a few µs; below this the buffers measured were decode (segments of
+# one 128-row tile, where the split rings work), and the pair cost 0.7-2.8% there (kimi-k2 decode,
+# 34.3 rows per group padded; layout-sweep cases of 3.9 and 32.0). From 51.2 rows per group the padded
+# buffers measured hold segments of several full tiles, where split rows gained 0.7-6.2% (docs/fp8.md).
+PAIRED_ROWS = 48
 # Groups from which the FP8 GEMMs' segment walk steps over runs of empty segments a chunk at a time
 # (``skip_empty_runs``). Buffers of many groups hold long runs of empty ones in decode, and a load
 # per empty segment cost 19-36% on the layout sweep's cases of G = 260 and 1000 (36-128 live) and 4%
@@ -199,8 +206,8 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
       loop, and a segment's idle last 64-row tile skipped on an odd grid where the live segments
       hold two such tiles each (``skip_idle_tiles``). On padded decode both consumers then work on
       live tiles, where split rows would leave the upper consumer idle.
-    - both, for large experts under ``TINY_SEGMENT_ROWS`` rows per group (buffers of more than 128
-      rows): the rows per group do not tell padded decode (segments of one 128-row tile, where the
+    - both, for large experts from ``PAIRED_ROWS`` to ``TINY_SEGMENT_ROWS`` rows per group (and
+      more than 128 rows): the rows per group do not tell padded decode (segments of one 128-row tile, where the
       split rings win) or unpadded buffers (segments whose last tile is partly empty, where 64-row
       items multiply fewer rows) from a padded expert-parallel rank's prefill (segments of several
       full tiles, where split rows win), so such a GEMM is two launches (``on_multi_tile``,
@@ -217,7 +224,7 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
     multi_tile = groups > 0 and num_rows > MULTI_TILE_ROWS * groups  # (groups 0: unknown)
     if tiny or not (large or multi_tile):
         # (a buffer of up to 128 rows holds no segment of two 128-row tiles)
-        paired = large and tiny and num_rows > 128
+        paired = large and tiny and num_rows >= PAIRED_ROWS * groups and num_rows > 128
         return GluonConfig(block_m=64, block_n=128, block_k=128, stages=4 if fused else 8, pingpong=True,
                            split_ring=True, tail_by_producer=k >= 2048, skip_idle_tiles=True,
                            skip_empty_runs=chunked_walk, on_multi_tile=False if paired else None)
