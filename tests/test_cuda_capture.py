@@ -177,16 +177,24 @@ FP8_LAYOUT_B = Layout("fp8_capture_b", (0, 384, 0, 7, 0, 200), NVS, k=256, n=384
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="FP8 needs sm89+")
+@pytest.mark.parametrize("pair", [False, True], ids=["table", "launch_pair"])
 @pytest.mark.parametrize("block_major", [False, True], ids=["row_major", "block_major"])
 @pytest.mark.parametrize("with_weights", [True, False])
-def test_experts_fp8_graph_replay_with_new_routing_and_no_sync(with_weights, block_major):
+def test_experts_fp8_graph_replay_with_new_routing_and_no_sync(monkeypatch, with_weights, block_major, pair):
     """Captured once, replayed with new segments, rows and route weights each step: matches the
     eager call bitwise and the float64 reference; the tail is zero; no call syncs the host. The
-    weights row-major or block-major (the reference reads the row-major ones)."""
+    weights row-major or block-major (the reference reads the row-major ones). With ``pair`` (sm90)
+    each GEMM is the config table's launch pair, split rings then split rows as a PDL dependent:
+    layout A is the split rows launch's kind (segments of full 128-row tiles), B the split rings'
+    (partly empty tiles), so the replays switch between the launches that work."""
     from moonep_ops import fp8
 
     from .layouts import fp8_experts_inputs
-    from .test_fp8 import CUDA_EXPERTS_TOLERANCE, ref_experts_fp8
+    from .test_fp8 import _SM90, CUDA_EXPERTS_TOLERANCE, SPLIT_RING_FP8, _forced_fp8_table, ref_experts_fp8
+
+    if pair and not _SM90:
+        pytest.skip("the launch pair is the Gluon FP8 kernels' (sm90)")
+    launched = _forced_fp8_table(monkeypatch, dict(SPLIT_RING_FP8, on_multi_tile=False)) if pair else None
 
     def flat(inputs, layout=lambda w: w):  # (x, scaled weights..., cu, rw) -> the op's argument order
         x, (wg, sg), (wu, su), (wd, sd), cu, rw = inputs
@@ -202,6 +210,7 @@ def test_experts_fp8_graph_replay_with_new_routing_and_no_sync(with_weights, blo
                                          w_down_scale=sd)
 
     step(*args)  # compiles the kernels
+    assert launched is None or launched == [False, True] * 2, "the GEMMs did not run as launch pairs"
     with sync_errors():
         step(*args)  # a warm eager call syncs nothing
     graph, _ = _capture(step, *args)
