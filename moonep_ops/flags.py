@@ -10,7 +10,7 @@ it is ``""``, ``0``, ``false``, ``no`` or ``off`` (any case), on otherwise.
 | ``MOONEP_OPS_DEBUG`` | off | data checks of ``cu_seqlens`` on CUDA too (they sync the host) |
 | ``MOONEP_OPS_PORTABLE`` | off | the portable sm80 kernels on any GPU (so Hopper can test them) |
 | ``MOONEP_OPS_GLUON`` | on | the warp-specialized Gluon kernels for the sm90 forward GEMMs |
-| ``MOONEP_OPS_PDL`` | on | programmatic dependent launches (sm90): the experts op's down GEMM; an FP8 GEMM's second launch |
+| ``MOONEP_OPS_PDL`` | on | programmatic dependent launches (sm90): the experts op's down GEMM, an FP8 pair's 2nd |
 | ``MOONEP_OPS_FAST_LAUNCH`` | on | launch cached compiled kernels directly (skip Triton's per-call binding) |
 | ``MOONEP_OPS_DISABLE_VLLM_PLUGIN`` | off | the vLLM plugin installs nothing (read when vLLM loads plugins) |
 """

@@ -207,12 +207,12 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
       hold two such tiles each (``skip_idle_tiles``). On padded decode both consumers then work on
       live tiles, where split rows would leave the upper consumer idle.
     - both, for large experts from ``PAIRED_ROWS`` to ``TINY_SEGMENT_ROWS`` rows per group (and
-      more than 128 rows): the rows per group do not tell padded decode (segments of one 128-row tile, where the
-      split rings win) or unpadded buffers (segments whose last tile is partly empty, where 64-row
-      items multiply fewer rows) from a padded expert-parallel rank's prefill (segments of several
-      full tiles, where split rows win), so such a GEMM is two launches (``on_multi_tile``,
-      :func:`gluon_fp8_multi_tile_config`), and each kernel's scan of ``cu_seqlens`` decides which
-      of the two does the work.
+      more than 128 rows): the rows per group do not tell padded decode (segments of one 128-row
+      tile, where the split rings win) or unpadded buffers (segments whose last tile is partly
+      empty, where 64-row items multiply fewer rows) from a padded expert-parallel rank's prefill
+      (segments of several full tiles, where split rows win), so such a GEMM is two launches
+      (``on_multi_tile``, :func:`gluon_fp8_multi_tile_config`), and each kernel's scan of
+      ``cu_seqlens`` decides which of the two does the work.
 
     Either way, runs of empty segments are stepped over a chunk at a time in buffers of
     ``MANY_GROUPS`` groups and more (``skip_empty_runs``), one segment at a time in smaller ones.

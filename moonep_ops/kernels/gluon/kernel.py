@@ -50,8 +50,9 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     :func:`.host.kernel_args`; ``RUN_ON``: the config's ``on_multi_tile``, 0 for None, 1 for True,
     2 for False)."""
     if LAUNCH_DEPENDENTS:
-        # Programmatic dependent launch: the next kernel (the down GEMM) may launch now; its
-        # programs take the SMs this grid's programs leave and wait for this grid's memory.
+        # Programmatic dependent launch: the next kernel (the down GEMM, or a launch pair's second)
+        # may launch now; its programs take the SMs this grid's programs leave and wait for this
+        # grid's memory.
         griddepcontrol_launch_dependents()
     # Totals from a vector scan of cu_seqlens, and the tail's first row (every partition gets them
     # as scalars).
