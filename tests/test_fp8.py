@@ -462,6 +462,10 @@ def test_two_launches_of_a_gemm_compute_it_once(monkeypatch, layout, pdl):
     _check(out, ref_experts_fp8(*args), layout, torch.bfloat16, "cuda", CUDA_EXPERTS_TOLERANCE)
     x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
     _check(gemm, ref_grouped_gemm_fp8(x, w_gate, scale, cu), layout, torch.bfloat16, "cuda")
+    if layout.k % 128 == 0 and layout.n % 128 == 0:  # block-major weights: the same loads, bit for bit
+        blocked_out, blocked_gemm = _nan_outputs(_block_major(args))
+        assert launched == [False, True] * 6
+        assert torch.equal(blocked_out, out) and torch.equal(blocked_gemm, gemm)
 
 
 @pytest.mark.cuda
