@@ -391,6 +391,8 @@ def test_gluon_fp8_configs(monkeypatch, layout, config):
 MULTI_TILE = Layout("multi_tile", (384, 0, 256, 128, 0, 512), 1280 + 77, k=256, n=256, padded_to=128,
                     real_rows=(300, 0, 200, 90, 0, 450))
 PARTIAL_TILES = Layout("partial_tiles", (300, 0, 150, 7), 457 + 40, k=256, n=256)
+# No live segment: the first launch's kind (it zeroes the whole buffer)
+NO_LIVE_ROWS = Layout("no_live_rows", (0, 0, 0), 70, k=256, n=256)
 SPLIT_RING_FP8 = dict(block_m=64, block_n=128, block_k=128, stages=(4, 8), pingpong=True, split_ring=True,
                       skip_idle_tiles=True)
 SPLIT_ROWS_FP8 = dict(block_m=128, block_n=128, block_k=128, stages=(4, 6), pingpong=True, split_rows=True)
@@ -440,8 +442,9 @@ def _nan_outputs(args):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _SM90, reason="the Gluon FP8 kernels need an sm90 GPU")
-@pytest.mark.parametrize("layout", [MOONEP_DECODE, PARTIAL_TILES, MOONEP_PADDING, MULTI_TILE],
-                         ids=[MOONEP_DECODE.name, PARTIAL_TILES.name, MOONEP_PADDING.name, MULTI_TILE.name])
+@pytest.mark.parametrize("layout", [MOONEP_DECODE, PARTIAL_TILES, NO_LIVE_ROWS, MOONEP_PADDING, MULTI_TILE],
+                         ids=[MOONEP_DECODE.name, PARTIAL_TILES.name, NO_LIVE_ROWS.name, MOONEP_PADDING.name,
+                              MULTI_TILE.name])
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "plain"])
 def test_two_launches_of_a_gemm_compute_it_once(monkeypatch, layout, pdl):
     """A GEMM launched twice (split rings for short live segments, split rows for segments of
