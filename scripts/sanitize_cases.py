@@ -209,29 +209,29 @@ def _gluon_cases(results) -> None:
 
     _set_mode("default")
     for name in tg.IDLE_CONFIGS:
-        _run(f"gluon idle_half {name}", lambda: tg.test_idle_upper_halves_are_skipped_exactly_where_they_should(
+        _run(f"bf16 gluon idle_half {name}", lambda: tg.test_idle_upper_halves_are_skipped_exactly_where_they_should(
             name), results)
     for name in ("pingpong_n64_s6", "coop_n128_s4"):
-        _run(f"gluon tail_out {name}", lambda: tg.test_fused_zeroes_the_tail_of_another_tensor(
+        _run(f"bf16 gluon tail_out {name}", lambda: tg.test_fused_zeroes_the_tail_of_another_tensor(
             tg.GLUON_LAYOUTS[3], tg.FUSED[name]), results)
     # split epilogues on partial tiles (segments cut mid-tile, N not a multiple of the tile)
     for name in ("coop_n256_s4_split", "coop_n256_split_tail_by_consumers", "pingpong_n128_s6_split"):
-        _run(f"gluon split {name}", lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16),
+        _run(f"bf16 gluon split {name}", lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16),
              results)
-    _run("gluon split fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["coop_n128_s4_split"], True),
+    _run("bf16 gluon split fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["coop_n128_s4_split"], True),
          results)
     # split rings (each ping-pong consumer with its own producer warp and ring; the FP8 GEMMs'
     # configs), wrapping inside a tile on the odd layout
     for name in ("pingpong_split_ring", "pingpong_split_ring_tail_by_consumers"):
-        _run(f"gluon split_ring {name}", lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16),
+        _run(f"bf16 gluon split_ring {name}", lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16),
              results)
-    _run("gluon split_ring fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["pingpong_n64_split_ring"],
+    _run("bf16 gluon split_ring fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["pingpong_n64_split_ring"],
                                                           True), results)
     # the experts op's row-tile handoff: flags in global memory, items through shared memory
     for name, pair in th.PAIRS.items():
-        _run(f"gluon handoff {name}", lambda: th.test_row_tile_handoff(pair, th.MANY_GROUPS, repeats=2), results)
+        _run(f"bf16 gluon handoff {name}", lambda: th.test_row_tile_handoff(pair, th.MANY_GROUPS, repeats=2), results)
     # a PDL dependent down GEMM whose first items skip idle halves (half loads before its wait)
-    _run("gluon pdl idle_first", lambda: tp.test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(
+    _run("bf16 gluon pdl idle_first", lambda: tp.test_gluon_dependent_down_gemm_waits_for_the_fused_gemm(
         tp.GLUON_PAIRS["coop_down_idle_half"], tp.IDLE_FIRST), results)
 
 

@@ -435,7 +435,8 @@ def _nan_outputs(args):
     out = torch.full_like(args[0], float("nan"))
     torch.ops.moonep.experts_fp8_out(*args, out)
     x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
-    gemm = torch.full((x.shape[0], w_gate.shape[1]), float("nan"), dtype=x.dtype, device=x.device)
+    n = fp8.weight_dims(w_gate)[1]  # (block-major weights hold N / 128 in dim 1)
+    gemm = torch.full((x.shape[0], n), float("nan"), dtype=x.dtype, device=x.device)
     torch.ops.moonep.grouped_gemm_fp8_out(x, w_gate, scale, cu, gemm)
     return out, gemm
 
