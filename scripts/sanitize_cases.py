@@ -223,8 +223,8 @@ def _gluon_cases(results) -> None:
     # split rings (each ping-pong consumer with its own producer warp and ring; the FP8 GEMMs'
     # configs), wrapping inside a tile on the odd layout
     for name in ("pingpong_split_ring", "pingpong_split_ring_tail_by_consumers"):
-        _run(f"bf16 gluon split_ring {name}", lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16),
-             results)
+        _run(f"bf16 gluon split_ring {name}",
+             lambda: tg.test_plain(tg.GLUON_LAYOUTS[1], tg.PLAIN[name], torch.bfloat16), results)
     _run("bf16 gluon split_ring fused", lambda: tg.test_fused(tg.GLUON_LAYOUTS[1], tg.FUSED["pingpong_n64_split_ring"],
                                                           True), results)
     # the experts op's row-tile handoff: flags in global memory, items through shared memory
