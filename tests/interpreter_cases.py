@@ -265,9 +265,9 @@ def test_flatten_with_tma_store_is_refused(interpreted):
                                  use_tma=True)
 
 
-@pytest.mark.parametrize("groups_per_program", [1, 8])
+@pytest.mark.parametrize("groups_per_program, width", [(1, 1), (8, 1), (8, 4), (3, 8)])
 @pytest.mark.parametrize("with_weights", [False, True], ids=["all_rows", "route_weights"])
-def test_fp8_row_quantization_reads_the_rows_it_should(with_weights, groups_per_program):
+def test_fp8_row_quantization_reads_the_rows_it_should(with_weights, groups_per_program, width):
     """The FP8 experts' quantization of ``x`` (the sm89+ kernel): the scales of the live rows;
     with route weights, a row of weight 0 (NaN in it here) and the tail neither read nor written.
     Only the scales and the untouched rows are compared: the interpreter converts to e4m3 with its
@@ -279,12 +279,12 @@ def test_fp8_row_quantization_reads_the_rows_it_should(with_weights, groups_per_
     x[37:] = float("nan")  # the tail
     cu = torch.tensor([10, 10, 37], dtype=torch.int32)
     rw = torch.rand(50) + 0.1
-    rw[5:9] = rw[32:37] = 0.0  # rows 32-36: a whole row block (32 rows) with nothing to quantize
+    rw[5:9] = rw[32:37] = 0.0  # rows 32-39 (37-39 the tail): a whole 8-row block with nothing to quantize
     if with_weights:
         x[5:9] = x[32:37] = float("nan")
     q = torch.full((50, 1100), 1.0).to(torch.float8_e4m3fn)
     scale = torch.full((50, 9), -1.0)
-    quantize_rows(x, cu, q, scale, rw if with_weights else None, groups_per_program)
+    quantize_rows(x, cu, q, scale, rw if with_weights else None, groups_per_program, width)
     _, ref_scale = fp8.quantize_rows(x[:37].float())
     if with_weights:
         for lo, hi in ((5, 9), (32, 37)):

@@ -664,8 +664,9 @@ def test_quantize_weight_zero_block():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton quantization kernel runs on CUDA")
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
 @pytest.mark.parametrize("groups_per_program", [1, 3, 8])
-def test_cuda_row_quantization_matches_the_semantics(groups_per_program):
+def test_cuda_row_quantization_matches_the_semantics(groups_per_program, width):
     """The CUDA quantization of ``x`` (a program per row block and run of column groups) against
     :func:`fp8.quantize_rows` on the live rows of route weight other than 0; the rows of weight 0
     (NaN here) and the tail keep the bytes they had."""
@@ -674,11 +675,11 @@ def test_cuda_row_quantization_matches_the_semantics(groups_per_program):
     x = torch.randn(300, 1100, device="cuda").to(torch.bfloat16)
     cu = torch.tensor([40, 40, 250], dtype=torch.int32, device="cuda")
     rw = torch.rand(300, device="cuda") + 0.1
-    rw[64:128] = rw[7] = 0.0  # two whole 32-row blocks of padding, and a lone row
+    rw[64:128] = rw[7] = 0.0  # whole row blocks of padding, and a lone row
     x[64:128] = x[7] = float("nan")
     q = torch.full((300, 1100), 2.0, device="cuda").to(FP8)
     s = torch.full((300, 9), -1.0, device="cuda")
-    quantize_rows(x, cu, q, s, rw, groups_per_program)
+    quantize_rows(x, cu, q, s, rw, groups_per_program, width=width)
     read = (torch.arange(300, device="cuda") < 250) & (rw != 0)
     expected_q, expected_s = fp8.quantize_rows(x[read])
     assert torch.equal(q[read].float(), expected_q.float()) and torch.equal(s[read], expected_s)

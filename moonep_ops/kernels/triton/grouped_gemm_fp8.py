@@ -192,13 +192,14 @@ def grouped_gemm_fp8_kernel(
 
 @triton.jit
 def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cu_ptr, rw_ptr, G, NUM_ROWS, K, stride_xm, stride_xk, stride_qm,
-                         stride_sm, BLOCK_R: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr, BY_WEIGHT: tl.constexpr):
+                         stride_sm, BLOCK_R: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr,
+                         BY_WEIGHT: tl.constexpr):
     """e4m3 rows of ``x`` and their scales, per 128 columns, for rows below ``cu_seqlens[-1]``
     only (the tail is neither read nor written). ``BY_WEIGHT``: rows whose route weight is 0
     (MoonEP's padding) are neither read nor written either: the fused GEMM's epilogue writes their
     ``act`` rows as zeros whatever their products. Program (row block, run of
-    ``GROUPS_PER_PROGRAM`` column groups): in padded decode most row blocks hold only padding,
-    and their programs return after one load of route weights."""
+    ``GROUPS_PER_PROGRAM`` column groups), loaded ``WIDTH`` groups at a time: in padded decode most
+    row blocks hold only padding, and their programs return after one load of route weights."""
     live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if tl.program_id(0) * BLOCK_R < live_end:
@@ -207,25 +208,32 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cu_ptr, rw_ptr, G, NUM_ROWS, K, st
             read = read & (tl.load(rw_ptr + rows, mask=read, other=0.0) != 0.0)
         if tl.max(read.to(tl.int32), axis=0) != 0:
             rows64 = rows[:, None].to(tl.int64)
+            num_groups = tl.cdiv(K, 128)
             kb0 = tl.program_id(1) * GROUPS_PER_PROGRAM
-            for kb in range(kb0, tl.minimum(kb0 + GROUPS_PER_PROGRAM, tl.cdiv(K, 128))):
-                cols = kb * 128 + tl.arange(0, 128)
+            for kb in range(kb0, tl.minimum(kb0 + GROUPS_PER_PROGRAM, num_groups), WIDTH):
+                cols = kb * 128 + tl.arange(0, WIDTH * 128)
                 mask = read[:, None] & (cols < K)[None, :]
                 x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :].to(tl.int64) * stride_xk, mask=mask, other=0.0)
-                q, scale = quantize_rows_tile(x.to(tl.float32))
-                tl.store(q_ptr + rows64 * stride_qm + cols[None, :], q, mask=mask)
-                tl.store(s_ptr + rows.to(tl.int64) * stride_sm + kb, scale, mask=read)
+                # One 128-column group per row of the reshaped tile.
+                q, scale = quantize_rows_tile(tl.reshape(x.to(tl.float32), (BLOCK_R * WIDTH, 128)))
+                tl.store(q_ptr + rows64 * stride_qm + cols[None, :], tl.reshape(q, (BLOCK_R, WIDTH * 128)), mask=mask)
+                groups = kb + tl.arange(0, WIDTH)
+                tl.store(s_ptr + rows64 * stride_sm + groups[None, :], tl.reshape(scale, (BLOCK_R, WIDTH)),
+                         mask=read[:, None] & (groups < num_groups)[None, :])
 
 
-def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_program=None) -> None:
+def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_program=None, width=4) -> None:
     """``q`` (e4m3, contiguous ``[NvS, K]``) and ``scale`` (fp32 ``[NvS, cdiv(K, 128)]``) from the
     live rows of ``x``. ``route_weights`` (the experts op's, contiguous): a row of weight 0 is
     left unread and unwritten (stale bytes: the fused epilogue zeroes its ``act`` row).
-    ``groups_per_program``: the 128-column groups of a program (None: by the grid's size)."""
+    ``groups_per_program``: the 128-column groups of a program (None: by the grid's size), rounded
+    up to a multiple of ``width``, the groups of one load (a power of 2)."""
     num_rows, k = x.shape
     if num_rows == 0 or k == 0:
         return
-    block_r, groups = 32, triton.cdiv(k, 128)
+    # 8-row blocks: a padded decode segment's few real rows fill most of one. Four groups a load: a
+    # program's loads are not one dependent round trip per group (measured in docs/fp8.md).
+    block_r, groups = 8, triton.cdiv(k, 128)
     row_blocks = triton.cdiv(num_rows, block_r)
     if groups_per_program is None:
         # Up to 8 groups a program where one per group would be over 16 programs per SM (padded
@@ -234,10 +242,12 @@ def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_progra
         sms = num_sms(x.device.index) if x.is_cuda else 1
         groups_per_program = max(1, min(8, row_blocks * groups // (16 * sms)))
     per_program = min(groups_per_program, groups)
+    width = min(width, triton.next_power_of_2(per_program))
+    per_program = triton.cdiv(per_program, width) * width
     grid = (row_blocks, triton.cdiv(groups, per_program))
     quantize_rows_kernel[grid](x, q, scale, cu_seqlens, x if route_weights is None else route_weights,
                                cu_seqlens.shape[0], num_rows, k, x.stride(0), x.stride(1), q.stride(0),
-                               scale.stride(0), BLOCK_R=block_r, GROUPS_PER_PROGRAM=per_program,
+                               scale.stride(0), BLOCK_R=block_r, GROUPS_PER_PROGRAM=per_program, WIDTH=width,
                                BY_WEIGHT=route_weights is not None, num_warps=4)
 
 
