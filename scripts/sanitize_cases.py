@@ -151,7 +151,7 @@ def _fp8_cases(mode: str, results) -> None:
              results)
         _run(f"{mode} fp8 {name} grouped_gemm_out",
              lambda: tf.test_grouped_gemm_fp8_out(layout, torch.bfloat16, "cuda"), results)
-    # decode's two-tile padded segments: the sm90 kernels skip idle tiles on an odd grid
+    # decode's two-tile padded segments: the sm90 kernels skip idle tiles, swapping items in pairs
     _run(f"{mode} fp8 moonep_decode experts", lambda: _with_monkeypatch(tf.test_experts_fp8_on_moonep_decode, "cuda"),
          results)
     _run(f"{mode} fp8 moonep_padding experts",

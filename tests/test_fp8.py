@@ -98,7 +98,7 @@ MOONEP_PADDING = Layout("moonep_padding", (128, 0, 128, 256, 128), 677, k=256, n
 # Decode as MoonEP lays it out: every live segment one padded 128-row block (two 64-row tiles, the
 # upper one often all padding), empty segments between them (other ranks' experts: under 64 rows
 # per group), enough items for a full grid. On an sm90 GPU with an even SM count the Gluon kernels
-# skip the idle tiles and spread the items over one program fewer (GluonConfig.skip_idle_tiles).
+# skip the idle tiles, the programs swapping items in pairs every other round (GluonConfig.skip_idle_tiles).
 _DECODE_REAL = tuple(0 if g % 7 == 3 or g % 2 else (g * 37) % 127 + 1 for g in range(160))
 MOONEP_DECODE = Layout("moonep_decode", tuple(128 if r else 0 for r in _DECODE_REAL),
                        128 * sum(map(bool, _DECODE_REAL)) + 33, k=256, n=384, padded_to=128, real_rows=_DECODE_REAL)

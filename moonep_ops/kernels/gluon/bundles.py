@@ -89,7 +89,8 @@ class Problem:
     (see :mod:`.sync`). ``real_items``: items of real rows; ``live_end``: the tail's first row;
     ``tail_items``: the tail's items; ``col_tiles``: column tiles per row tile;
     ``zero_col_tiles``: column chunks of the tail the producer zeroes; ``spread``: 1 where idle
-    tiles are skipped and the items spread over one program fewer (``SKIP_IDLE_TILES``), else 0."""
+    tiles are skipped and the programs swap items in pairs every other round (``SKIP_IDLE_TILES``
+    on an even grid; :func:`.schedule.program_item`), else 0."""
     out_ptr: gl.tensor
     row_weights_ptr: gl.tensor
     cu_seqlens_ptr: gl.tensor

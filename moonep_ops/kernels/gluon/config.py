@@ -39,8 +39,8 @@ class GluonConfig:
     split_ring: bool = False
     # the FP8 GEMMs (64-row tiles, split rings): where the live segments are two row tiles each
     # (decode), a segment's last row tile whose rows are all idle (past the end, or weight 0) is
-    # neither loaded nor multiplied (its rows are stored as zeros), and the items spread over an
-    # odd number of programs (schedule.ring_item)
+    # neither loaded nor multiplied (its rows are stored as zeros), and on an even grid the programs
+    # swap items in pairs every other round (schedule.program_item)
     skip_idle_tiles: bool = False
     # ping-pong consumers on the same items, each on its own 64 rows of the 128-row tile: both
     # read each stage's weight tiles (half the weight bytes per FLOP of 64-row items), and each
@@ -203,8 +203,8 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
       unpadded segments of a few rows: under ``TINY_SEGMENT_ROWS`` rows per group) and small
       experts in buffers of up to ``MULTI_TILE_ROWS`` rows per group. 64-row items on each
       consumer's own half of the ring and producer, one consumer's epilogue under the other's main
-      loop, and a segment's idle last 64-row tile skipped on an odd grid where the live segments
-      hold two such tiles each (``skip_idle_tiles``). On padded decode both consumers then work on
+      loop, and a segment's idle last 64-row tile skipped where the live segments hold two such
+      tiles each (``skip_idle_tiles``). On padded decode both consumers then work on
       live tiles, where split rows would leave the upper consumer idle.
     - both, for large experts from ``PAIRED_ROWS`` to ``TINY_SEGMENT_ROWS`` rows per group (and
       more than 128 rows): the rows per group do not tell padded decode (segments of one 128-row

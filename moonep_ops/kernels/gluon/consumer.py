@@ -37,7 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .consumer_fp8 import tile_fp8
-from .schedule import find_item, idle_half, idle_tile, programs, ring_item, row_tile
+from .schedule import find_item, idle_half, idle_tile, program_item, programs, ring_item, row_tile
 from .store import flush_tile, store_rows
 from .sync import signal_row_tile
 
@@ -237,7 +237,7 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
     STAGES: gl.constexpr = tiling.STAGES
     CONSUMERS: gl.constexpr = tiling.CONSUMERS
     out_buf = smem.out_bufs.index(PARITY)
-    pid, num_progs = programs(problem, features)
+    pid, num_progs = programs()
     k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
     segment = (-1, 0, 0, 0, 0)  # the segment cursor: see schedule.walk
     pending = -1  # SIGNAL_ROWS: the row tile of this consumer's last stored item, not yet signalled
@@ -268,16 +268,17 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
             segment, pending, _ = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending,
                                             segment, pid + i * num_progs, i, i, k_steps, False, PARITY, WARPS)
     elif tiling.SPLIT_RING:  # this ring's items (schedule.ring_item); idle tiles skip the ring
-        n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
         slot = 0
         j = 0
         i = ring_item(0, problem.spread, PARITY)
-        while i < n_local:
+        item = program_item(pid, i, num_progs, problem.spread)
+        while item < problem.real_items:  # (ids rise with i: program_item)
             segment, pending, used = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending,
-                                               segment, pid + i * num_progs, i, slot, k_steps, False, PARITY, WARPS)
+                                               segment, item, i, slot, k_steps, False, PARITY, WARPS)
             slot += used
             j += 1
             i = ring_item(j, problem.spread, PARITY)
+            item = program_item(pid, i, num_progs, problem.spread)
     else:
         n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
         for i in range(PARITY, n_local, CONSUMERS):
@@ -298,8 +299,6 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
         zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
         zeros = gl.zeros([BLOCK_M, BLOCK_N], descs.out.dtype, zero_layout)
         first = (pid - problem.real_items % num_progs + num_progs) % num_progs
-        if features.SKIP_IDLE_TILES:
-            first = gl.where(pid < num_progs, first, problem.tail_items)  # a program that takes no items
         for j in range(first + PARITY * num_progs, problem.tail_items, CONSUMERS * num_progs):
             rows = problem.live_end + (j // problem.col_tiles) * BLOCK_M + gl.arange(
                 0, BLOCK_M, layout=gl.SliceLayout(1, zero_layout))

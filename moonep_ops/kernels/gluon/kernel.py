@@ -74,8 +74,8 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     spread = 0
     if SKIP_IDLE_TILES:
         # Segments of two row tiles (1.75-2 on average: decode, 128-row padded segments of a few
-        # rows): skip idle tiles, on an odd number of programs (schedule.ring_item): the last
-        # program of an even grid takes no items.
+        # rows): skip idle tiles, on an even grid whose programs swap items in pairs every other
+        # round (schedule.program_item).
         num_progs = gl.num_programs(0)
         two_tiles = (real_tiles <= 2 * live_segments) & (4 * real_tiles >= 7 * live_segments)
         spread = (two_tiles & (num_progs % 2 == 0) & (num_progs > 1)).to(gl.int32)

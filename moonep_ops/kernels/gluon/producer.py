@@ -29,7 +29,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from .schedule import find_item, idle_half, idle_tile, programs, ring_item, row_tile
+from .schedule import find_item, idle_half, idle_tile, program_item, programs, ring_item, row_tile
 from .sync import griddepcontrol_wait, next_item, wait_row_tile, warp_sync
 
 
@@ -91,7 +91,7 @@ def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half
     over them. With ``HANDOFF`` the item's id goes with its first stage. ``half`` (``HALF_LOADS``):
     the tile's upper half is idle, so only the lower half of its ``a`` rows is loaded (the
     ``a_half`` box), the rows its MMAs read. Returns the ring position and the chunks done."""
-    pid, num_progs = programs(problem, features)
+    pid, num_progs = programs()
     STAGES: gl.constexpr = tiling.STAGES
     for k_step in range(k_steps):
         stage = ring_pos % STAGES
@@ -152,7 +152,7 @@ def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps,
 def _tail_share(descs, smem, problem, features, first, stride, k_steps):
     """Zeroes the zero buffer; returns this program's tail chunks (``pid``, ``pid + num_progs``,
     ...) and the ring stages to spread them over (an estimate under ``HANDOFF``)."""
-    pid, num_progs = programs(problem, features)
+    pid, num_progs = programs()
     ZERO_ROWS: gl.constexpr = descs.zero.block_type.shape[0]
     ZERO_N: gl.constexpr = descs.zero.block_type.shape[1]
     zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // ZERO_N, ZERO_N // 8], [1, 1], [1, 0])
@@ -206,9 +206,9 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     With ``SPLIT_RING``, producer ``LANE`` loads the items of consumer ``LANE`` (every other item
     of the program, :func:`.schedule.ring_item`) into its own ring, skipping idle tiles
     (``SKIP_IDLE_TILES``), and producer 0 alone zeroes the tail."""
-    pid, num_progs = programs(problem, features)
+    pid, num_progs = programs()
     if tiling.SPLIT_RING:  # every other item of the program, from the LANE-th
-        first = pid + LANE * num_progs
+        first = program_item(pid, ring_item(0, problem.spread, LANE), num_progs, problem.spread)
         stride = 2 * num_progs
     else:
         first = pid
@@ -250,13 +250,13 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
         _end_markers(smem, tiling, ring_pos, k_steps)
     elif tiling.SPLIT_RING:
         j = 0
-        item = pid + ring_item(0, problem.spread, LANE) * num_progs
+        item = first
         while item < problem.real_items:
             group, tiles_before, tiles_through, start, end, ring_pos, zero_done = _load_static_item(
                 descs, smem, problem, tiling, features, item, group, tiles_before, tiles_through, start, end, ring_pos,
                 prefetched, k_steps, zero_done, zero_mine, stages_mine)
             j += 1
-            item = pid + ring_item(j, problem.spread, LANE) * num_progs
+            item = program_item(pid, ring_item(j, problem.spread, LANE), num_progs, problem.spread)
     else:
         for item in range(first, problem.real_items, stride):
             group, tiles_before, tiles_through, start, end, ring_pos, zero_done = _load_static_item(

@@ -23,7 +23,7 @@ no other, so elsewhere the skip covers those tiles alone (``SKIP_LONE_ONLY``).
 Idle tiles (``SKIP_IDLE_TILES``, split rings): where the live segments are two row tiles each (the
 entry's scan counts them: decode with MoonEP's padding), a segment's last tile whose rows are all
 idle is neither loaded nor multiplied, and its rows are stored as zeros; producer and consumer ask
-:func:`idle_tile`. The items then spread over one program fewer (:func:`programs`,
+:func:`idle_tile`. The programs then swap items in pairs every other round (:func:`program_item`,
 :func:`ring_item`), so that the skipped tiles do not all fall to the same programs.
 """
 
@@ -145,24 +145,26 @@ def idle_tile(features, problem, row_lo, end, BLOCK_M: gl.constexpr, WARPS: gl.c
 
 
 @gluon.jit
-def programs(problem, features):
-    """This program's id and the number of programs that take items: with ``spread``, one fewer
-    than the grid, and the last program gets an id past every item."""
-    pid = gl.program_id(0)
-    num_progs = gl.num_programs(0)
-    if features.SKIP_IDLE_TILES:
-        num_progs -= problem.spread
-        pid = gl.where(pid < num_progs, pid, 1 << 30)
-    return pid, num_progs
+def programs():
+    """This program's id and the number of programs (every program takes items)."""
+    return gl.program_id(0), gl.num_programs(0)
+
+
+@gluon.jit
+def program_item(pid, i, num_progs, spread):
+    """The id of program ``pid``'s ``i``-th item: ``pid + i * num_progs``, or with ``spread`` (1,
+    on an even grid) ``(pid ^ 1) + i * num_progs`` for odd ``i``: every other round the programs
+    swap items in pairs. Group-major items of two-tile segments alternate between lower and upper
+    tiles; with the plain stride on an even grid every item of a program would be an upper tile or
+    every one a lower tile (so skipping the idle upper tiles would leave half the programs without
+    work), with the swap a program's items alternate."""
+    return (pid ^ (i & spread)) + i * num_progs
 
 
 @gluon.jit
 def ring_item(j, spread, RING: gl.constexpr):
-    """With split rings, the program's local item (``pid + i * num_progs`` is its id) that ring
-    ``RING`` takes ``j``-th: every other one (0, 2, 4, ... and 1, 3, 5, ...), or with ``spread``
-    (1) alternate pairs (0, 3, 4, 7, ... and 1, 2, 5, 6, ...). Group-major items of two-tile
-    segments alternate between upper and lower tiles; on an even grid every item of a program
-    would be an upper tile or every one a lower tile (so a skipped idle upper tile would leave
-    half the programs without work), on an odd grid the items of a program alternate, and with
-    the pairs those of each ring too."""
+    """With split rings, the program's local item (:func:`program_item`) that ring ``RING`` takes
+    ``j``-th: every other one (0, 2, 4, ... and 1, 3, 5, ...), or with ``spread`` (1) alternate
+    pairs (0, 3, 4, 7, ... and 1, 2, 5, 6, ...), so that where a program's items alternate between
+    lower and upper tiles each ring's do too."""
     return 2 * j + (RING ^ (j & spread))
