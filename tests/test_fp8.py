@@ -9,6 +9,7 @@ of the FP8 path itself against float64 with dequantized weights and unquantized 
 """
 
 import functools
+import typing
 
 import expecttest
 import pytest
@@ -346,25 +347,8 @@ _SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
 def test_gluon_fp8_configs(monkeypatch, layout, config):
     """Both FP8 GEMMs of the experts op and the plain one under each config, against the
     reference, MoonEP's padding rows of route weight 0, the buffers between launches full of NaN."""
-    from moonep_ops import flags
-    from moonep_ops.kernels.cuda import fp8 as cuda_fp8
-    from moonep_ops.kernels.cuda import paths
-    from moonep_ops.kernels.gluon import config as gluon_config, host
-
-    if paths.gluon_host() is None or flags.portable_only() or not flags.gluon():
-        pytest.skip("the Gluon kernels are off or unusable here")
     fields = dict(block_n=128, block_k=128, pingpong=True, **GLUON_FP8_CONFIGS[config])
-
-    picked = []
-
-    def pick(n, k, num_rows, fused, groups=0):  # (stages: the fused GEMM's, the plain one's)
-        picked.append(fused)
-        stages = fields["stages"][0 if fused else 1]
-        return gluon_config.GluonConfig(**dict(fields, stages=stages, tail_by_producer=k >= 256))
-
-    monkeypatch.setattr(gluon_config, "gluon_fp8_config", pick)
-    monkeypatch.setattr(host, "_PLANS", {})
-    monkeypatch.setattr(cuda_fp8, "_scratch", _nan_scratch)
+    launched = _forced_fp8_table(monkeypatch, fields, second=False)
     args = _experts_args(layout, torch.bfloat16, "cuda")
     if layout.padded_to > 1:
         zero_padding_rows(layout, args[-2])
@@ -374,14 +358,15 @@ def test_gluon_fp8_configs(monkeypatch, layout, config):
     gemm = torch.ops.moonep.grouped_gemm_fp8(x, w_gate, scale, cu)
     _check(gemm, ref_grouped_gemm_fp8(x, w_gate, scale, cu), layout, torch.bfloat16, "cuda")
     if layout.k % 16 == 0 and layout.n % 16 == 0 and layout.nvs:  # every operand TMA-addressable
-        assert sorted(set(picked)) == [False, True], "the forced configs did not reach both GEMMs"
+        assert {launch.fused for launch in launched} == {False, True}, "the forced configs did not reach both GEMMs"
     if layout.k % 128 == 0 and layout.n % 128 == 0:  # block-major weights: the same loads, bit for bit
-        picked.clear()
+        launched.clear()
         blocked = _block_major(args)
         assert torch.equal(torch.ops.moonep.experts_fp8(*blocked), out)
         assert torch.equal(torch.ops.moonep.grouped_gemm_fp8(x, blocked[1], scale, cu), gemm)
         if layout.nvs:
-            assert sorted(set(picked)) == [False, True], "block-major weights did not reach both Gluon GEMMs"
+            assert {launch.fused for launch in launched} == {False, True}, \
+                "block-major weights did not reach both Gluon GEMMs"
 
 
 # The two kinds of layout of a GEMM that the config table launches twice. The second launch's
@@ -398,10 +383,17 @@ SPLIT_RING_FP8 = dict(block_m=64, block_n=128, block_k=128, stages=(4, 8), pingp
 SPLIT_ROWS_FP8 = dict(block_m=128, block_n=128, block_k=128, stages=(4, 6), pingpong=True, split_rows=True)
 
 
+class Launch(typing.NamedTuple):
+    """A Gluon launch compiled: its config's ``on_multi_tile``, and whether it is a fused GEMM."""
+    on_multi_tile: bool | None
+    fused: bool
+
+
 def _forced_fp8_table(monkeypatch, first_fields, second=True):
     """The FP8 table forced to one config (``first_fields``; stages: the fused GEMM's, the plain
-    one's) and, with ``second``, the table's second launch derived from it; returns the list of the
-    ``on_multi_tile`` fields of the launches compiled (one entry per launch)."""
+    one's), the buffers between the experts op's launches full of NaN, and with ``second`` the
+    table's second launch derived from it; returns the list of the launches compiled (a
+    :class:`Launch` each)."""
     from moonep_ops import flags
     from moonep_ops.kernels.cuda import fp8 as cuda_fp8
     from moonep_ops.kernels.cuda import paths
@@ -418,7 +410,7 @@ def _forced_fp8_table(monkeypatch, first_fields, second=True):
     first_run = host._first_run
 
     def recording_first_run(*args):
-        launched.append(args[6].on_multi_tile)  # (the config)
+        launched.append(Launch(args[6].on_multi_tile, args[2] is not None))  # (the config; w_up)
         return first_run(*args)
 
     monkeypatch.setattr(gluon_config, "gluon_fp8_config", pick)
@@ -462,13 +454,13 @@ def test_two_launches_of_a_gemm_compute_it_once(monkeypatch, layout, pdl):
     if layout.padded_to > 1:
         zero_padding_rows(layout, args[-2])
     out, gemm = _nan_outputs(args)
-    assert launched == [False, True] * 3, "the GEMMs did not run as launch pairs"
+    assert [launch.on_multi_tile for launch in launched] == [False, True] * 3, "the GEMMs did not run as launch pairs"
     _check(out, ref_experts_fp8(*args), layout, torch.bfloat16, "cuda", CUDA_EXPERTS_TOLERANCE)
     x, w_gate, scale, cu = args[0], args[1], args[2], args[-1]
     _check(gemm, ref_grouped_gemm_fp8(x, w_gate, scale, cu), layout, torch.bfloat16, "cuda")
     if layout.k % 128 == 0 and layout.n % 128 == 0:  # block-major weights: the same loads, bit for bit
         blocked_out, blocked_gemm = _nan_outputs(_block_major(args))
-        assert launched == [False, True] * 6
+        assert [launch.on_multi_tile for launch in launched] == [False, True] * 6
         assert torch.equal(blocked_out, out) and torch.equal(blocked_gemm, gemm)
 
 
@@ -488,7 +480,7 @@ def test_a_launch_on_the_other_kind_of_layout_writes_nothing(monkeypatch, layout
     if layout.padded_to > 1:
         zero_padding_rows(layout, args[-2])
     out, gemm = _nan_outputs(args)
-    assert launched == [fields["on_multi_tile"]] * 3
+    assert [launch.on_multi_tile for launch in launched] == [fields["on_multi_tile"]] * 3
     assert torch.isnan(out).all() and torch.isnan(gemm).all(), "a launch wrote on the other kind of layout"
 
 
