@@ -149,7 +149,7 @@ def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps,
 
 
 @gluon.jit
-def _tail_share(descs, smem, problem, features, first, stride, k_steps):
+def _tail_share(descs, smem, problem, first, stride, k_steps):
     """Zeroes the zero buffer; returns this program's tail chunks (``pid``, ``pid + num_progs``,
     ...) and the ring stages to spread them over (an estimate under ``HANDOFF``)."""
     pid, num_progs = programs()
@@ -231,7 +231,7 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     zero_done = 0
     stages_mine = 0
     if PRODUCER_TAIL:
-        zero_mine, stages_mine = _tail_share(descs, smem, problem, features, first, stride, k_steps)
+        zero_mine, stages_mine = _tail_share(descs, smem, problem, first, stride, k_steps)
     ring_pos = 0
     if features.HANDOFF:
         grid_waited = 0
