@@ -1,0 +1,129 @@
+"""Two copies of the package against each other on the benchmark shapes, in alternating processes.
+
+A kernel change is not a config field, so :mod:`benchmarks.ab` cannot vary it in one process (a
+kernel compiles once per process). This times the experts op with each copy's own config table in a
+fresh process per round and copy (``python -m benchmarks.ab table --rounds 1``), the copies' order
+reversed every other round so that the board's drift falls on both, and pairs each round's samples::
+
+    python -m benchmarks.ab_code --export HEAD~1 ../base          # moonep_ops and fake_impls of a revision
+    python -m benchmarks.ab_code ../base --fp8 --shapes 0,3 --paddings 128 --rounds 6
+
+The baseline is a directory holding a ``moonep_ops`` (and the ``fake_impls`` it imports) to run
+instead of this checkout's; the benchmark code is this checkout's in both. Prints one line per shape
+and padding as :mod:`benchmarks.ab` does (``base``, then ``current``, and current over base per
+round: median and range). Each process compiles its kernels (Triton's disk cache makes every
+process after a copy's first quicker); on the H200 a process per round and copy takes 10-40 s.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+from . import ab
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("moonep_ops", "fake_impls")
+COPIES = ("base", "current")
+
+
+def export(revision: str, directory: str) -> None:
+    """``moonep_ops`` and ``fake_impls`` of git ``revision`` of this checkout into ``directory``
+    (new or empty)."""
+    if os.path.isdir(directory) and os.listdir(directory):
+        raise ValueError(f"benchmarks.ab_code: {directory} is not empty")
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryFile() as archive:
+        subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", revision, *PACKAGES], stdout=archive,
+                       check=True)
+        archive.seek(0)
+        with tarfile.open(fileobj=archive) as tar:
+            # (the "data" filter: no links out of the directory; Pythons before 3.10.12 lack it)
+            tar.extractall(directory, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+
+
+def process_env(directory: str | None) -> tuple:
+    """``(cwd, env)`` of a process that imports ``moonep_ops`` from ``directory`` (None: this
+    checkout) and ``benchmarks`` from this checkout."""
+    env = dict(os.environ)
+    path = [ROOT] if directory is None else [os.path.abspath(directory), ROOT]
+    env["PYTHONPATH"] = os.pathsep.join(path + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    # (python -m puts the working directory first on sys.path: the baseline's directory, or this checkout)
+    return path[0], env
+
+
+def package_file(directory: str | None) -> str:
+    """Where ``moonep_ops`` comes from in such a process."""
+    cwd, env = process_env(directory)
+    return subprocess.run([sys.executable, "-c", "import moonep_ops; print(moonep_ops.__file__)"], cwd=cwd, env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def run_ab(directory: str | None, ab_args: list) -> list:
+    """One ``benchmarks.ab table --rounds 1`` process with ``moonep_ops`` from ``directory``: its rows."""
+    cwd, env = process_env(directory)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ab.json")
+        subprocess.run([sys.executable, "-m", "benchmarks.ab", "table", *ab_args, "--rounds", "1", "--out", out],
+                       cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)["rows"]
+
+
+def compare(rounds: int, run) -> list:
+    """``rounds`` rounds of ``run(copy)`` (a process's rows) for each copy, the order reversed
+    every other round; returns rows in :mod:`benchmarks.ab`'s form with a variant per copy."""
+    rows = None
+    for r in range(rounds):
+        for copy in ab.round_order(COPIES, r):
+            got = run(copy)
+            if rows is None:
+                rows = [{"shape": g["shape"], "token_padding": g["token_padding"],
+                         "samples": {c: [] for c in COPIES}, "errors": {}, "rounds": [{} for _ in range(rounds)]}
+                        for g in got]
+            for row, g in zip(rows, got, strict=True):
+                if "table" in g["errors"]:
+                    row["errors"][copy] = g["errors"]["table"]
+                for us in g["samples"]["table"]:
+                    row["samples"][copy].append(us)
+                    row["rounds"][r][copy] = us
+    return rows or []
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("baseline", help="a directory holding the moonep_ops (and fake_impls) to compare against")
+    parser.add_argument("--export", metavar="REVISION", default=None,
+                        help="write REVISION's moonep_ops and fake_impls into BASELINE and exit (no GPU)")
+    parser.add_argument("--fp8", action="store_true", help="the FP8 experts")
+    parser.add_argument("--shapes", default="all", help="comma-separated indices into benchmarks.shapes.SHAPES")
+    parser.add_argument("--paddings", default="128,1")
+    parser.add_argument("--cases", default=None, help="layout-sweep case names separated by ';'")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--settle", type=float, default=0.6, help="seconds of replays before each sample")
+    parser.add_argument("--out", default=None, help="JSON file for the samples")
+    args = parser.parse_args(argv)
+    if args.export:
+        export(args.export, args.baseline)
+        return 0
+    base_file = package_file(args.baseline)
+    if not base_file.startswith(os.path.abspath(args.baseline) + os.sep):
+        parser.error(f"moonep_ops imports from {base_file}, not from {args.baseline}")
+    ab_args = ["--shapes", args.shapes, "--paddings", args.paddings, "--reps", str(args.reps),
+               "--settle", str(args.settle)] + (["--fp8"] if args.fp8 else []) + (
+                   ["--cases", args.cases] if args.cases else [])
+    rows = compare(args.rounds, lambda copy: run_ab(args.baseline if copy == "base" else None, ab_args))
+    for row in rows:
+        print(ab._line(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"baseline": os.path.abspath(args.baseline), "ab_args": ab_args, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""benchmarks/ab_code.py on CPU: a revision's package exported into a directory that the benchmark
+processes then import it from, and the alternating rounds of two copies paired into ratios."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from benchmarks import ab, ab_code
+
+_GIT = shutil.which("git") is not None and subprocess.run(
+    ["git", "-C", ab_code.ROOT, "rev-parse", "HEAD"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _GIT, reason="needs git and a git checkout")
+def test_an_exported_revision_is_what_the_processes_import(tmp_path):
+    base = tmp_path / "base"
+    ab_code.export("HEAD", str(base))
+    assert sorted(os.listdir(base)) == ["fake_impls", "moonep_ops"]
+    assert ab_code.package_file(str(base)) == str(base / "moonep_ops" / "__init__.py")
+    assert ab_code.package_file(None) == os.path.join(ab_code.ROOT, "moonep_ops", "__init__.py")
+    with pytest.raises(ValueError, match="is not empty"):
+        ab_code.export("HEAD", str(base))
+
+
+def test_main_refuses_a_baseline_without_the_package(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ab_code.main([str(tmp_path)])
+    assert "moonep_ops imports from" in capsys.readouterr().err
+
+
+def test_rounds_alternate_the_copies_and_pair_their_samples():
+    calls = []
+    times = {"base": [100.0, 102.0, 98.0], "current": [90.0, 93.0, 97.0]}
+
+    def run(copy):
+        calls.append(copy)
+        us = times[copy][sum(c == copy for c in calls) - 1]
+        return [{"shape": "s", "token_padding": 128, "samples": {"table": [us]}, "errors": {}},
+                {"shape": "t", "token_padding": 1, "samples": {"table": []}, "errors": {"table": "rel err 1"}}]
+
+    rows = ab_code.compare(3, run)
+    assert calls == ["base", "current", "current", "base", "base", "current"]
+    assert rows[0]["samples"] == times
+    assert ab.paired_ratios(rows[0], "base")["current"] == pytest.approx((93 / 102, 90 / 100, 97 / 98))
+    assert rows[1]["errors"] == {"base": "rel err 1", "current": "rel err 1"}
+    assert ab.paired_ratios(rows[1], "base")["current"] is None
+    assert "current/base 0.912 (0.900-0.990)" in ab._line(rows[0])
