@@ -166,14 +166,14 @@ LARGE_EXPERT = 8 << 20
 # group: 256; unpadded qwen3 S=4096 over 132 groups: 248). There, 64-row items on split rings keep
 # both consumers on live tiles (split rows: 6%, 2% and 4% slower on those); above it split rows read
 # each weight tile once for both consumers (6-12% faster on padded qwen3 S=512 to 8192 and the
-# layout sweep's padded qwen3-30b cases of 272-420 rows per group; docs/fp8.md).
+# layout sweep's padded qwen3-30b cases of 272-420 rows per group; docs/fp8_measurements.md).
 MULTI_TILE_ROWS = 256
 # Rows per group from which the FP8 GEMMs of large experts under ``TINY_SEGMENT_ROWS`` rows per group
 # are two launches (split rings, then split rows; the kernels' scan picks the one that works). The
 # launch that takes nothing costs a few µs; below this the buffers measured were decode (segments of
 # one 128-row tile, where the split rings work), and the pair cost 0.7-2.8% there (kimi-k2 decode,
 # 34.3 rows per group padded; layout-sweep cases of 3.9 and 32.0). From 51.2 rows per group the padded
-# buffers measured hold segments of several full tiles, where split rows gained 0.7-6.2% (docs/fp8.md).
+# buffers measured hold segments of several full tiles, where split rows gained 0.7-6.2% (docs/fp8_measurements.md).
 PAIRED_ROWS = 48
 # Groups from which the FP8 GEMMs' segment walk steps over runs of empty segments a chunk at a time
 # (``skip_empty_runs``). Buffers of many groups hold long runs of empty ones in decode, and a load
@@ -217,7 +217,7 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
     Either way, runs of empty segments are stepped over a chunk at a time in buffers of
     ``MANY_GROUPS`` groups and more (``skip_empty_runs``), one segment at a time in smaller ones.
 
-    docs/fp8.md gives the measurements."""
+    docs/fp8_measurements.md gives the measurements."""
     large = n * k >= LARGE_EXPERT
     chunked_walk = groups >= MANY_GROUPS
     tiny = num_rows < TINY_SEGMENT_ROWS * groups

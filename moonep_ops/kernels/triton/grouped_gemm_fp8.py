@@ -232,7 +232,7 @@ def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_progra
     if num_rows == 0 or k == 0:
         return
     # 8-row blocks: a padded decode segment's few real rows fill most of one. Four groups a load: a
-    # program's loads are not one dependent round trip per group (measured in docs/fp8.md).
+    # program's loads are not one dependent round trip per group (docs/fp8_measurements.md).
     block_r, groups = 8, triton.cdiv(k, 128)
     row_blocks = triton.cdiv(num_rows, block_r)
     if groups_per_program is None:
