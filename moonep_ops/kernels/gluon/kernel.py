@@ -84,7 +84,8 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         # One of a GEMM's two launches (the config's ``on_multi_tile``): it takes the whole GEMM,
         # tail included, where the layout is its kind, else no item and no tail row. RUN_ON 1: live
         # segments of more than one 128-row tile on average whose tiles hold rows in both 64-row
-        # halves (at least 15 in 16 of them; MoonEP's 128-row padding: all); RUN_ON 2: the others.
+        # halves (at least 15 in 16 of the halves hold rows; MoonEP's 128-row padding: all);
+        # RUN_ON 2: the others.
         multi_tile = ((tiles_128 > live_segments) & (8 * tiles_64 >= 15 * tiles_128)).to(gl.int32)
         mine = multi_tile if RUN_ON == 1 else 1 - multi_tile
         real_tiles = real_tiles * mine
