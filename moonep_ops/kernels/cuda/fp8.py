@@ -41,7 +41,7 @@ def _check_capability(op_name: str, capability) -> None:
 
 def choose(a, w, fused: bool):
     """(Fp8Config, use_tma) for ``a @ w[g].T``, measured on the benchmark shapes (H200): 64-row
-    tiles where segments average under 16 rows (unpadded decode), with two programs per SM for
+    tiles in buffers of under 16 rows per group (unpadded decode), with two programs per SM for
     the down GEMM; else 128-row tiles on two warpgroups. 128 columns: one weight-scale block."""
     from ..triton.grouped_gemm_fp8 import Fp8Config, tma_weights
 

@@ -37,9 +37,9 @@ class GluonConfig:
     # ping-pong: each consumer has its own producer warp and half of the ring, so that the two
     # main loops run at once instead of taking turns
     split_ring: bool = False
-    # the FP8 GEMMs (64-row tiles, split rings): where the live segments are two row tiles each
-    # (decode), a segment's last row tile whose rows are all idle (past the end, or weight 0) is
-    # neither loaded nor multiplied (its rows are stored as zeros), and on an even grid the programs
+    # the FP8 GEMMs (64-row tiles, split rings): on an even grid where the live segments are two
+    # row tiles each (decode), a segment's last row tile whose rows are all idle (past the end, or
+    # weight 0) is neither loaded nor multiplied (its rows are stored as zeros), and the programs
     # swap items in pairs every other round (schedule.program_item)
     skip_idle_tiles: bool = False
     # ping-pong consumers on the same items, each on its own 64 rows of the 128-row tile: both
@@ -204,7 +204,7 @@ def gluon_fp8_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0
       experts in buffers of up to ``MULTI_TILE_ROWS`` rows per group. 64-row items on each
       consumer's own half of the ring and producer, one consumer's epilogue under the other's main
       loop, and a segment's idle last 64-row tile skipped where the live segments hold two such
-      tiles each (``skip_idle_tiles``). On padded decode both consumers then work on
+      tiles each, on an even grid (``skip_idle_tiles``). On padded decode both consumers then work on
       live tiles, where split rows would leave the upper consumer idle.
     - both, for large experts from ``PAIRED_ROWS`` to ``TINY_SEGMENT_ROWS`` rows per group (and
       more than 128 rows): the rows per group do not tell padded decode (segments of one 128-row

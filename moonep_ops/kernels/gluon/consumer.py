@@ -233,7 +233,8 @@ def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, 
 def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ``PARITY`` of ``CONSUMERS`` (``WARPS`` warps: one warpgroup in ping-pong, two in the
     cooperative scheme): the program's local items ``i = PARITY (mod CONSUMERS)`` (``SPLIT_ROWS``:
-    every item, on its half of the rows), the last row-tile signal, its share of the tail's zeros."""
+    every item, on its half of the rows; ``SPLIT_RING``: its ring's, :func:`.schedule.ring_item`),
+    the last row-tile signal, its share of the tail's zeros."""
     STAGES: gl.constexpr = tiling.STAGES
     CONSUMERS: gl.constexpr = tiling.CONSUMERS
     out_buf = smem.out_bufs.index(PARITY)

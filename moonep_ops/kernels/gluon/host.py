@@ -126,7 +126,8 @@ def _scale_args(a, scales: Fp8Scales) -> list:
 def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, descs, *, zero_tail: bool = True,
                 role: PdlRole = PdlRole.NONE, idle_weights=None, tail_out=None, handoff: Handoff = None,
                 scales: Fp8Scales = None) -> dict:
-    """Every kernel argument by name (unused pointers point at ``a``).
+    """Every kernel argument by name (unused pointers point at ``a``; an unused ``handoff_ptr`` at
+    ``cu_seqlens``).
 
     ``w_up``: the fused SwiGLU GEMM's up weights (None: a plain GEMM). ``idle_weights`` (plain
     GEMM): ``[NvS]`` fp32 whose zeros mark rows of ``a`` that are zero (the experts op's ``act``

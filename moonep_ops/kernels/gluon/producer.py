@@ -151,7 +151,8 @@ def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps,
 @gluon.jit
 def _tail_share(descs, smem, problem, first, stride, k_steps):
     """Zeroes the zero buffer; returns this program's tail chunks (``pid``, ``pid + num_progs``,
-    ...) and the ring stages to spread them over (an estimate under ``HANDOFF``)."""
+    ...) and the ring stages to spread them over (an estimate under ``HANDOFF`` and where idle
+    tiles load no stages)."""
     pid, num_progs = programs()
     ZERO_ROWS: gl.constexpr = descs.zero.block_type.shape[0]
     ZERO_N: gl.constexpr = descs.zero.block_type.shape[1]
@@ -204,10 +205,10 @@ def _load_static_item(descs, smem, problem, tiling, features, item, group, tiles
 def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     """The producer partition: this program's items' loads, then the rest of its tail chunks.
     With ``SPLIT_RING``, producer ``LANE`` loads the items of consumer ``LANE`` (every other item
-    of the program, :func:`.schedule.ring_item`) into its own ring, skipping idle tiles
+    of the program or alternate pairs, :func:`.schedule.ring_item`) into its own ring, skipping idle tiles
     (``SKIP_IDLE_TILES``), and producer 0 alone zeroes the tail."""
     pid, num_progs = programs()
-    if tiling.SPLIT_RING:  # every other item of the program, from the LANE-th
+    if tiling.SPLIT_RING:  # this ring's items (schedule.ring_item)
         first = program_item(pid, ring_item(0, problem.spread, LANE), num_progs, problem.spread)
         stride = 2 * num_progs
     else:

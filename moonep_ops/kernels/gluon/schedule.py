@@ -20,11 +20,12 @@ table turns it on only where it measures faster: a tile that finishes early brea
 the programs that share its weight tiles. A segment's only row tile shares its weight tiles with
 no other, so elsewhere the skip covers those tiles alone (``SKIP_LONE_ONLY``).
 
-Idle tiles (``SKIP_IDLE_TILES``, split rings): where the live segments are two row tiles each (the
-entry's scan counts them: decode with MoonEP's padding), a segment's last tile whose rows are all
-idle is neither loaded nor multiplied, and its rows are stored as zeros; producer and consumer ask
-:func:`idle_tile`. The programs then swap items in pairs every other round (:func:`program_item`,
-:func:`ring_item`), so that the skipped tiles do not all fall to the same programs.
+Idle tiles (``SKIP_IDLE_TILES``, split rings): on an even grid where the live segments are two row
+tiles each (the entry's scan counts them: decode with MoonEP's padding), a segment's last tile
+whose rows are all idle is neither loaded nor multiplied, and its rows are stored as zeros;
+producer and consumer ask :func:`idle_tile`. The programs then swap items in pairs every other
+round (:func:`program_item`, :func:`ring_item`), so that the skipped tiles do not all fall to the
+same programs.
 """
 
 from triton.experimental import gluon
