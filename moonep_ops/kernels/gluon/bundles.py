@@ -33,8 +33,9 @@ def _field(value):
 @aggregate
 class Descriptors:
     """TMA descriptors: ``a`` by row tile and (``HALF_LOADS``) by half a row tile (else None),
-    ``w`` and ``w_up`` as ``[G * N, K]``, the tensor whose tail the producer zeroes by chunk of
-    ``ZERO_ROWS`` rows, ``out`` by epilogue block (the whole tile, or half its columns)."""
+    ``w`` and ``w_up`` as ``[G * N, K]`` (block-major FP8 weights: ``[G*N*K/128, 128]``), the tensor
+    whose tail the producer zeroes by chunk of ``ZERO_ROWS`` rows, ``out`` by epilogue block (the
+    whole tile, half its columns for a split epilogue, or half its rows with ``SPLIT_ROWS``)."""
     a: tma.tensor_descriptor
     a_half: Union[tma.tensor_descriptor, gl.constexpr]
     w: tma.tensor_descriptor

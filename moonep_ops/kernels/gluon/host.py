@@ -67,7 +67,8 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.floa
 
 def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
     """TMA descriptors for ``cfg``'s blocks: ``a [NvS, K]``; ``w`` and ``w_up`` each as one
-    ``[G*N, K]`` matrix; ``out [NvS, N]`` by output tile (half its columns for a split epilogue);
+    ``[G*N, K]`` matrix; ``out [NvS, N]`` by output tile (half its columns for a split epilogue, half
+    its rows for split rows);
     ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue`` chunk for the tail's zeros; and
     ``a`` by half a row tile where the config loads idle tiles' lower halves alone (else None)."""
     zeroed = out if tail_out is None else tail_out

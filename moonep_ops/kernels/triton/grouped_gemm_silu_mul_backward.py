@@ -9,8 +9,9 @@ the forward or here), loads the incoming ``grad`` tile and writes
 
 and, with route weights, this I tile's share of ``d_rw = sum_i grad * silu(gate) * up`` into
 ``partials[pid_n, rows]``; the caller sums the partials over I tiles (a fixed order: the
-result is deterministic, no atomics). Schedule and tail handling are the forward grouped
-GEMM's (:func:`.grouped_gemm.locate_tile`): tail programs write zeros to all outputs.
+result is deterministic, no atomics). One program per (row tile, I tile), row tiles fastest; a
+row tile's segment is found as in the forward grouped GEMM (:func:`.grouped_gemm.locate_tile`),
+and tail programs write zeros to all outputs.
 """
 
 import torch
