@@ -6,12 +6,14 @@ fresh process per round and copy (``python -m benchmarks.ab table --rounds 1``),
 reversed every other round so that the board's drift falls on both, and pairs each round's samples::
 
     python -m benchmarks.ab_code --export HEAD~1 ../base          # moonep_ops and fake_impls of a revision
-    python -m benchmarks.ab_code ../base --fp8 --shapes 0,3 --paddings 128 --rounds 6
+    python -m benchmarks.ab_code ../base --rounds 6 --fp8 --shapes 0,3 --paddings 128
 
 The baseline is a directory holding a ``moonep_ops`` (and the ``fake_impls`` it imports) to run
 instead of this checkout's; the benchmark code is this checkout's in both. Prints one line per shape
 and padding as :mod:`benchmarks.ab` does (``base``, then ``current``, and current over base per
-round: median and range). Each process compiles its kernels (Triton's disk cache makes every
+round: median and range). Options other than ``--rounds``, ``--out`` and ``--export`` go to
+:mod:`benchmarks.ab` as they are (``--fp8``, ``--shapes``, ``--paddings``, ``--cases``, ``--reps``,
+``--settle``). Each process compiles its kernels (Triton's disk cache makes every
 process after a copy's first quicker); on the H200 a process per round and copy takes 10-40 s.
 """
 
@@ -94,28 +96,20 @@ def compare(rounds: int, run) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # (abbreviations would take benchmarks.ab's options)
     parser.add_argument("baseline", help="a directory holding the moonep_ops (and fake_impls) to compare against")
     parser.add_argument("--export", metavar="REVISION", default=None,
                         help="write REVISION's moonep_ops and fake_impls into BASELINE and exit (no GPU)")
-    parser.add_argument("--fp8", action="store_true", help="the FP8 experts")
-    parser.add_argument("--shapes", default="all", help="comma-separated indices into benchmarks.shapes.SHAPES")
-    parser.add_argument("--paddings", default="128,1")
-    parser.add_argument("--cases", default=None, help="layout-sweep case names separated by ';'")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--settle", type=float, default=0.6, help="seconds of replays before each sample")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds: a process per copy each")
     parser.add_argument("--out", default=None, help="JSON file for the samples")
-    args = parser.parse_args(argv)
+    args, ab_args = parser.parse_known_args(argv)  # the rest: benchmarks.ab's options
     if args.export:
         export(args.export, args.baseline)
         return 0
     base_file = package_file(args.baseline)
     if not base_file.startswith(os.path.abspath(args.baseline) + os.sep):
         parser.error(f"moonep_ops imports from {base_file}, not from {args.baseline}")
-    ab_args = ["--shapes", args.shapes, "--paddings", args.paddings, "--reps", str(args.reps),
-               "--settle", str(args.settle)] + (["--fp8"] if args.fp8 else []) + (
-                   ["--cases", args.cases] if args.cases else [])
     rows = compare(args.rounds, lambda copy: run_ab(args.baseline if copy == "base" else None, ab_args))
     for row in rows:
         print(ab._line(row), flush=True)

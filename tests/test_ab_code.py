@@ -47,3 +47,19 @@ def test_rounds_alternate_the_copies_and_pair_their_samples():
     assert rows[1]["errors"] == {"base": "rel err 1", "current": "rel err 1"}
     assert ab.paired_ratios(rows[1], "base")["current"] is None
     assert "current/base 0.912 (0.900-0.990)" in ab._line(rows[0])
+
+
+def test_main_passes_the_other_options_to_benchmarks_ab(tmp_path, monkeypatch, capsys):
+    base = str(tmp_path)
+    monkeypatch.setattr(ab_code, "package_file", lambda directory: os.path.join(base, "moonep_ops", "__init__.py"))
+    calls = []
+
+    def run_ab(directory, ab_args):
+        calls.append((directory, ab_args))
+        return [{"shape": "s", "token_padding": 128, "samples": {"table": [100.0]}, "errors": {}}]
+
+    monkeypatch.setattr(ab_code, "run_ab", run_ab)
+    assert ab_code.main([base, "--rounds", "2", "--fp8", "--shapes", "0,3", "--settle", "0.5"]) == 0
+    forwarded = ["--fp8", "--shapes", "0,3", "--settle", "0.5"]
+    assert calls == [(base, forwarded), (None, forwarded), (None, forwarded), (base, forwarded)]
+    assert "current/base 1.000" in capsys.readouterr().out

@@ -29,8 +29,8 @@ Programmatic dependent launch (Hopper, the ``experts`` op's pair only; see :func
 ``role``): the fused GEMM (``LAUNCH_DEPENDENTS``) lets the down GEMM launch at once; the down
 GEMM's programs (``WAIT_PRIOR``) start on the SMs the fused programs leave, scan ``cu_seqlens``,
 bulk-prefetch their first weight tile into L2 (up to ``SMALL_G_MAX`` groups, weights not
-transposed), and execute ``griddepcontrol.wait`` before any
-load of ``a`` (``act``) or any store; this takes 1-2% off the memory-bound shapes' whole path.
+transposed), and execute ``griddepcontrol.wait`` before any load of ``a`` (``act``) or any store;
+this takes 1-2% off the memory-bound shapes' whole path.
 
 Main loops, one per operand layout: :func:`_mainloop_tma` (``USE_TMA``: tensor-memory-accelerator
 descriptors for ``a`` and the K-contiguous weights, read as one ``[G*N, K]`` matrix),
