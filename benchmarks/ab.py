@@ -17,6 +17,9 @@ A variant is ``NAME`` or ``NAME:FIELD=VALUE,...``: the config table's pick with 
         --shapes 2,5 --rounds 3
 
 ``--fp8`` runs the FP8 experts (weights quantized per 128 x 128 block) and varies the FP8 table.
+``--reference FILE`` also checks each problem's first output against a digest of another process's
+output kept in FILE, or keeps its own there (how :mod:`benchmarks.ab_code` checks copies of the
+package against each other).
 ``--cases`` runs layout-sweep cases by name instead of the benchmark shapes (a rule must hold on
 layouts nobody tuned on)::
 
@@ -36,6 +39,7 @@ import ast
 import contextlib
 import dataclasses
 import json
+import os
 import statistics
 
 import torch
@@ -128,9 +132,32 @@ def _experts_call(shape, padding, fp8: bool, layout: dict):
                                               w_down_scale=sd)), out, sum(sizes)
 
 
+def output_digest(out: torch.Tensor) -> torch.Tensor:
+    """``out``'s rows against eight fixed random vectors (fp32, on the CPU): small enough to keep
+    for another process, and its relative distance to another output's digest is about the
+    outputs' own."""
+    gen = torch.Generator().manual_seed(0)
+    probe = torch.randn(out.shape[1], 8, generator=gen).to(out.device)
+    return (out.float() @ probe).cpu()
+
+
+def check_reference(reference: dict, key: str, out: torch.Tensor) -> str | None:
+    """Checks ``out`` against the digest kept under ``key`` in ``reference`` (another process's
+    output of the same problem), or keeps its own there first. Returns an error, or None."""
+    digest = output_digest(out)
+    if key not in reference:
+        reference[key] = digest
+        return None
+    ref = reference[key]
+    err = float((digest - ref).norm() / ref.norm()) if ref.shape == digest.shape else float("inf")
+    return f"rel err {err:.3g} against the reference" if not err <= 1e-2 else None
+
+
 def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle_s: float,
-             layout: dict | None = None) -> dict:
-    """Every variant ``rounds`` times on one shape and padding; samples in µs per variant."""
+             layout: dict | None = None, reference: dict | None = None) -> dict:
+    """Every variant ``rounds`` times on one shape and padding; samples in µs per variant. With
+    ``reference`` the first output is also checked against (or kept as) the digest another process
+    kept of the same problem (:func:`check_reference`)."""
     from .fp8 import time_path
 
     call, out, live = _experts_call(shape, padding, fp8, layout or {})
@@ -147,6 +174,11 @@ def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle
                 continue
             if ref is None:
                 ref = out[:live].float().clone()
+                if reference is not None:
+                    key = f"{shape.name} | padding {padding} | {sorted((layout or {}).items())}"
+                    error = check_reference(reference, key, ref)
+                    if error:
+                        row["errors"][variant.name] = error
             row["samples"][variant.name].append(rec["us"])
             row["rounds"][-1][variant.name] = rec["us"]
             if rec["err_vs_bf16"] > 1e-2 or not rec["tail_zero"]:
@@ -207,6 +239,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--settle", type=float, default=0.6, help="seconds of replays before each sample")
     parser.add_argument("--out", default=None, help="JSON file for the samples")
+    parser.add_argument("--reference", default=None,
+                        help="a file of output digests: each problem's first output is checked against the digest "
+                             "kept there, or kept there where there is none (benchmarks.ab_code's copies)")
     args = parser.parse_args(argv)
     variants = [parse_variant(spec) for spec in args.variants]
     if len({v.name for v in variants}) != len(variants):
@@ -220,11 +255,17 @@ def main(argv=None) -> int:
     else:
         problems = [(shape, int(p), {}) for p in args.paddings.split(",") for shape in shapes]
     rows = []
+    reference = None
+    if args.reference:
+        reference = torch.load(args.reference) if os.path.exists(args.reference) else {}
     with torch.inference_mode():
         for shape, padding, layout in problems:
-            rows.append(run_case(shape, padding, variants, args.fp8, args.rounds, args.reps, args.settle, layout))
+            rows.append(run_case(shape, padding, variants, args.fp8, args.rounds, args.reps, args.settle, layout,
+                                 reference))
             print(_line(rows[-1]), flush=True)
             torch.cuda.empty_cache()
+    if args.reference:
+        torch.save(reference, args.reference)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"env": {**environment(), "reps": args.reps, "settle_s": args.settle, "fp8": args.fp8,

@@ -138,7 +138,7 @@ def test_main_runs_the_named_cases_instead_of_the_shapes(monkeypatch):
     case = sweep_cases(120)[3]
     calls = []
 
-    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None):
+    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None):
         calls.append((shape.name, padding, layout, rounds))
         return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
                 "rounds": [{"table": 1.0}]}

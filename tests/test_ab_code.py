@@ -1,11 +1,12 @@
 """benchmarks/ab_code.py on CPU: a revision's package exported into a directory that the benchmark
-processes then import it from, and the alternating rounds of two copies paired into ratios."""
+processes then import it from, and the alternating rounds of the copies paired into ratios."""
 
 import os
 import shutil
 import subprocess
 
 import pytest
+import torch
 
 from benchmarks import ab, ab_code
 
@@ -40,7 +41,7 @@ def test_rounds_alternate_the_copies_and_pair_their_samples():
         return [{"shape": "s", "token_padding": 128, "samples": {"table": [us]}, "errors": {}},
                 {"shape": "t", "token_padding": 1, "samples": {"table": []}, "errors": {"table": "rel err 1"}}]
 
-    rows = ab_code.compare(3, run)
+    rows = ab_code.compare(3, run, ["base", "current"])
     assert calls == ["base", "current", "current", "base", "base", "current"]
     assert rows[0]["samples"] == times
     assert ab.paired_ratios(rows[0], "base")["current"] == pytest.approx((93 / 102, 90 / 100, 97 / 98))
@@ -54,12 +55,88 @@ def test_main_passes_the_other_options_to_benchmarks_ab(tmp_path, monkeypatch, c
     monkeypatch.setattr(ab_code, "package_file", lambda directory: os.path.join(base, "moonep_ops", "__init__.py"))
     calls = []
 
-    def run_ab(directory, ab_args):
-        calls.append((directory, ab_args))
+    def run_ab(directory, ab_args, reference):
+        calls.append((directory, ab_args, reference))
         return [{"shape": "s", "token_padding": 128, "samples": {"table": [100.0]}, "errors": {}}]
 
     monkeypatch.setattr(ab_code, "run_ab", run_ab)
     assert ab_code.main([base, "--rounds", "2", "--fp8", "--shapes", "0,3", "--settle", "0.5"]) == 0
     forwarded = ["--fp8", "--shapes", "0,3", "--settle", "0.5"]
-    assert calls == [(base, forwarded), (None, forwarded), (None, forwarded), (base, forwarded)]
+    assert [call[:2] for call in calls] == [(base, forwarded), (None, forwarded), (None, forwarded),
+                                            (base, forwarded)]
+    assert len({call[2] for call in calls}) == 1, "every process checks against the same reference file"
     assert "current/base 1.000" in capsys.readouterr().out
+
+
+def test_more_copies_take_their_directories_names_and_turns(tmp_path, monkeypatch, capsys):
+    dirs = [str(tmp_path / name) for name in ("base_dir", "probe", "other")]
+    monkeypatch.setattr(ab_code, "package_file",
+                        lambda directory: os.path.join(os.path.abspath(directory), "moonep_ops", "__init__.py"))
+    calls = []
+    times = {dirs[0]: 100.0, dirs[1]: 90.0, dirs[2]: 110.0, None: 101.0}
+
+    def run_ab(directory, ab_args, reference):
+        calls.append(directory)
+        return [{"shape": "s", "token_padding": 128, "samples": {"table": [times[directory]]}, "errors": {}}]
+
+    monkeypatch.setattr(ab_code, "run_ab", run_ab)
+    assert ab_code.main([*dirs, "--rounds", "2", "--fp8"]) == 0
+    assert calls == [*dirs, None, None, *reversed(dirs)]
+    out = capsys.readouterr().out
+    for ratio in ("probe/base 0.900", "other/base 1.100", "current/base 1.010"):
+        assert ratio in out
+
+
+@pytest.mark.parametrize("names", [("a", "current"), ("a", "x", "x"), ("a", "base")])
+def test_copies_need_different_names(names, capsys):
+    with pytest.raises(ValueError, match="the copies need different names"):
+        ab_code.copy_names(list(names))
+    with pytest.raises(SystemExit):
+        ab_code.main(list(names))
+    assert "the copies need different names" in capsys.readouterr().err
+
+
+def test_export_writes_one_directory(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ab_code.main(["--export", "HEAD", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert "--export writes one directory" in capsys.readouterr().err
+
+
+def test_outputs_are_checked_against_the_first_processs_digest():
+    """The first output of a problem is kept as a digest; later ones (other processes: other
+    copies) are checked against it within 1e-2, as the outputs themselves would be."""
+    gen = torch.Generator().manual_seed(1)
+    out = torch.randn(300, 512, generator=gen).to(torch.bfloat16)
+    reference = {}
+    assert ab.check_reference(reference, "s | padding 128", out) is None
+    assert set(reference) == {"s | padding 128"} and reference["s | padding 128"].shape == (300, 8)
+    assert ab.check_reference(reference, "s | padding 128", out.clone()) is None
+    near = out.float() + 1e-3 * torch.randn(300, 512, generator=gen)
+    assert ab.check_reference(reference, "s | padding 128", near) is None
+    wrong = out.float() + 0.1 * torch.randn(300, 512, generator=gen)
+    error = ab.check_reference(reference, "s | padding 128", wrong)
+    assert error is not None and error.endswith("against the reference")
+    assert 0.05 < float(error.split()[2]) < 0.2  # about the outputs' own distance, 0.1
+    assert ab.check_reference(reference, "s | padding 128", out[:299]) == "rel err inf against the reference"
+    assert ab.check_reference(reference, "s | padding 128", torch.full_like(out, float("nan"))) is not None
+
+
+def test_benchmarks_ab_keeps_the_reference_across_processes(tmp_path, monkeypatch):
+    """``benchmarks.ab --reference FILE`` hands each problem's run the digests FILE holds and
+    writes back what it added, so that the next process (the next copy) finds them."""
+    seen = []
+
+    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None):
+        seen.append(sorted(reference))
+        ab.check_reference(reference, f"{shape.name} {padding}", torch.ones(4, 16))
+        return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
+                "rounds": [{"table": 1.0}]}
+
+    monkeypatch.setattr(ab, "run_case", fake_run_case)
+    path = str(tmp_path / "reference.pt")
+    args = ["table", "--shapes", "0", "--paddings", "128", "--rounds", "1", "--reference", path]
+    assert ab.main(args) == 0
+    assert ab.main(args) == 0
+    name = ab.SHAPES[0].name
+    assert seen == [[], [f"{name} 128"]]
+    assert list(torch.load(path)) == [f"{name} 128"]
