@@ -16,7 +16,9 @@ A variant is ``NAME`` or ``NAME:FIELD=VALUE,...``: the config table's pick with 
         "rows:block_m=128,split_ring=False,skip_idle_tiles=False,split_rows=True,fused.stages=4,plain.stages=6" \\
         --shapes 2,5 --rounds 3
 
-``--fp8`` runs the FP8 experts (weights quantized per 128 x 128 block) and varies the FP8 table.
+``--fp8`` runs the FP8 experts (weights quantized per 128 x 128 block, block-major as the FP8 table's
+``fp8`` column runs them; ``--fp8-weights gnk``: the checkpoint's ``[G, N, K]``) and varies the FP8
+table.
 ``--reference FILE`` also checks each problem's first output against a digest of another process's
 output kept in FILE, or keeps its own there (how :mod:`benchmarks.ab_code` checks copies of the
 package against each other).
@@ -116,9 +118,10 @@ def table_replaced(variant: Variant, fp8: bool):
         experts._FLAG_TARGETS.clear()
 
 
-def _experts_call(shape, padding, fp8: bool, layout: dict):
+def _experts_call(shape, padding, fp8: bool, layout: dict, block_major: bool = True):
     """``(call, out, live rows)`` for the experts op on one benchmark problem (``layout``: the
-    emulator's ``seed`` and ``skew`` where they are not its defaults)."""
+    emulator's ``seed`` and ``skew`` where they are not its defaults; ``block_major``: FP8 weights
+    block-major, as the FP8 table's ``fp8`` column and the layout sweep run them, else ``[G, N, K]``)."""
     import moonep_ops
     from moonep_ops import fp8 as fp8_ops
 
@@ -128,6 +131,8 @@ def _experts_call(shape, padding, fp8: bool, layout: dict):
         return (lambda: moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw, out=out)), out, sum(sizes)
     (qg, sg), (qu, su), (qd, sd) = (fp8_ops.quantize_weight(w) for w in (wg, wu, wd))
     del wg, wu, wd
+    if block_major:
+        qg, qu, qd = (fp8_ops.to_block_major(w) for w in (qg, qu, qd))
     return (lambda: moonep_ops.moonep_experts(x, qg, qu, qd, cu, rw, out=out, w_gate_scale=sg, w_up_scale=su,
                                               w_down_scale=sd)), out, sum(sizes)
 
@@ -154,13 +159,13 @@ def check_reference(reference: dict, key: str, out: torch.Tensor) -> str | None:
 
 
 def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle_s: float,
-             layout: dict | None = None, reference: dict | None = None) -> dict:
+             layout: dict | None = None, reference: dict | None = None, block_major: bool = True) -> dict:
     """Every variant ``rounds`` times on one shape and padding; samples in µs per variant. With
     ``reference`` the first output is also checked against (or kept as) the digest another process
     kept of the same problem (:func:`check_reference`)."""
     from .fp8 import time_path
 
-    call, out, live = _experts_call(shape, padding, fp8, layout or {})
+    call, out, live = _experts_call(shape, padding, fp8, layout or {}, block_major)
     row = {"shape": shape.name, "token_padding": padding, "samples": {v.name: [] for v in variants}, "errors": {},
            "rounds": []}
     ref = None
@@ -239,6 +244,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--settle", type=float, default=0.6, help="seconds of replays before each sample")
     parser.add_argument("--out", default=None, help="JSON file for the samples")
+    parser.add_argument("--fp8-weights", choices=("block-major", "gnk"), default="block-major",
+                        help="with --fp8: the weights block-major (as the FP8 table's fp8 column and the layout sweep) "
+                             "or in the checkpoint's [G, N, K] layout")
     parser.add_argument("--reference", default=None,
                         help="a file of output digests: each problem's first output is checked against the digest "
                              "kept there, or kept there where there is none (benchmarks.ab_code's copies)")
@@ -261,7 +269,7 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         for shape, padding, layout in problems:
             rows.append(run_case(shape, padding, variants, args.fp8, args.rounds, args.reps, args.settle, layout,
-                                 reference))
+                                 reference, args.fp8_weights == "block-major"))
             print(_line(rows[-1]), flush=True)
             torch.cuda.empty_cache()
     if args.reference:

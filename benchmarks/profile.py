@@ -9,7 +9,9 @@ skipped: they include compilation):
         --section SpeedOfLight --section ComputeWorkloadAnalysis \\
         python -m benchmarks.profile --shape 2 --path fp8
 
-``--path bf16`` runs the bf16 experts op; ``--calls`` sets how many calls run (default 3).
+``--path bf16`` runs the bf16 experts op; ``--calls`` sets how many calls run (default 3). FP8
+weights are block-major, as the FP8 table's ``fp8`` column runs them (``--fp8-weights gnk``: the
+checkpoint's ``[G, N, K]``).
 ``--case NAME`` runs a layout-sweep case instead of a benchmark shape (its name as the sweep prints
 it, e.g. ``--case "qwen3-30b-a3b K8 G1000 epn996 S16 z1.5 p1 s0"``; its own padding, seed and skew).
 """
@@ -30,6 +32,8 @@ def main(argv=None) -> int:
     parser.add_argument("--padding", type=int, default=128, help="token padding of the layout (128 or 1)")
     parser.add_argument("--path", choices=("bf16", "fp8"), default="bf16")
     parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--fp8-weights", choices=("block-major", "gnk"), default="block-major",
+                        help="FP8 weights block-major or in the checkpoint's [G, N, K] layout")
     parser.add_argument("--case", default=None, help="a layout-sweep case by name (benchmarks.sweep_cases)")
     args = parser.parse_args(argv)
     case = sweep_case(args.case, parser) if args.case else None
@@ -44,6 +48,8 @@ def main(argv=None) -> int:
     if args.path == "fp8":
         (w_gate, s_gate), (w_up, s_up), (w_down, s_down) = (moonep_ops.fp8.quantize_weight(w)
                                                             for w in (w_gate, w_up, w_down))
+        if args.fp8_weights == "block-major":
+            w_gate, w_up, w_down = (moonep_ops.fp8.to_block_major(w) for w in (w_gate, w_up, w_down))
         kwargs = dict(w_gate_scale=s_gate, w_up_scale=s_up, w_down_scale=s_down)
     out = torch.empty_like(x)
     for _ in range(args.calls):

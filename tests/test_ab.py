@@ -94,7 +94,7 @@ def test_run_case_times_each_variant_under_its_table_in_alternating_rounds(monke
         return {"us": 100.0 + stages, "err_vs_bf16": 0.5 if stages == 3 else 0.0, "tail_zero": True}
 
     monkeypatch.setattr(fp8_bench, "time_path", fake_time_path)
-    monkeypatch.setattr(ab, "_experts_call", lambda shape, padding, fp8, layout: (lambda: None, out, 4))
+    monkeypatch.setattr(ab, "_experts_call", lambda shape, padding, fp8, layout, block_major: (lambda: None, out, 4))
     variants = [ab.parse_variant(s) for s in ("table", "three:stages=3", "two:stages=2")]
     row = ab.run_case(ab.SHAPES[0], 128, variants, fp8=True, rounds=2, reps=1, settle_s=0.0)
     table_stages = config.gluon_fp8_config(2048, 7168, 45056, True, groups=388).stages
@@ -138,7 +138,8 @@ def test_main_runs_the_named_cases_instead_of_the_shapes(monkeypatch):
     case = sweep_cases(120)[3]
     calls = []
 
-    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None):
+    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None,
+                      block_major=True):
         calls.append((shape.name, padding, layout, rounds))
         return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
                 "rounds": [{"table": 1.0}]}
@@ -148,3 +149,21 @@ def test_main_runs_the_named_cases_instead_of_the_shapes(monkeypatch):
     assert calls == [(case.name, case.token_padding, {"seed": case.seed, "skew": case.skew}, 6)]
     with pytest.raises(SystemExit):
         ab.main(["table", "--cases", "no such case"])
+
+
+@pytest.mark.parametrize("args, block_major", [([], True), (["--fp8-weights", "gnk"], False),
+                                               (["--fp8-weights", "block-major"], True)])
+def test_fp8_weights_are_block_major_unless_asked(monkeypatch, args, block_major):
+    """The FP8 experts run on block-major weights, as the FP8 table's fp8 column and the layout
+    sweep run them; ``--fp8-weights gnk`` runs the checkpoint's [G, N, K] layout."""
+    seen = []
+
+    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None,
+                      block_major=True):
+        seen.append(block_major)
+        return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
+                "rounds": [{"table": 1.0}]}
+
+    monkeypatch.setattr(ab, "run_case", fake_run_case)
+    assert ab.main(["table", "--fp8", "--shapes", "0", "--paddings", "128", "--rounds", "1", *args]) == 0
+    assert seen == [block_major]

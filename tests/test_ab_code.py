@@ -126,7 +126,8 @@ def test_benchmarks_ab_keeps_the_reference_across_processes(tmp_path, monkeypatc
     writes back what it added, so that the next process (the next copy) finds them."""
     seen = []
 
-    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None):
+    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None,
+                      block_major=True):
         seen.append(sorted(reference))
         ab.check_reference(reference, f"{shape.name} {padding}", torch.ones(4, 16))
         return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
