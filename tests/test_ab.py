@@ -1,8 +1,10 @@
 """benchmarks/ab.py on CPU: variant specs parsed into GluonConfig field replacements (for both
 GEMMs or one), bad specs refused with the variant and the field named, the alternating round
-order, and the config table replaced for the duration of a variant and restored after."""
+order, the config table replaced for the duration of a variant and restored after, and the output
+digests that processes check each other's outputs against."""
 
 import pytest
+import torch
 
 from benchmarks import ab
 from moonep_ops.kernels.gluon import config
@@ -132,19 +134,26 @@ def test_sweep_cases_by_name_keep_their_layout():
         ab.sweep_problems("kimi")
 
 
+def _recording_run_case(record):
+    """A stand-in for :func:`ab.run_case` that hands its arguments to ``record`` and returns one
+    sample."""
+    def run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None,
+                 block_major=True):
+        record(shape=shape, padding=padding, layout=layout, rounds=rounds, reference=reference,
+               block_major=block_major)
+        return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
+                "rounds": [{"table": 1.0}]}
+    return run_case
+
+
 def test_main_runs_the_named_cases_instead_of_the_shapes(monkeypatch):
     from benchmarks.sweep_cases import sweep_cases
 
     case = sweep_cases(120)[3]
     calls = []
 
-    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None,
-                      block_major=True):
-        calls.append((shape.name, padding, layout, rounds))
-        return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
-                "rounds": [{"table": 1.0}]}
-
-    monkeypatch.setattr(ab, "run_case", fake_run_case)
+    monkeypatch.setattr(ab, "run_case", _recording_run_case(
+        lambda shape, padding, layout, rounds, **_: calls.append((shape.name, padding, layout, rounds))))
     assert ab.main(["table", "--cases", case.name, "--rounds", "6"]) == 0
     assert calls == [(case.name, case.token_padding, {"seed": case.seed, "skew": case.skew}, 6)]
     with pytest.raises(SystemExit):
@@ -158,12 +167,44 @@ def test_fp8_weights_are_block_major_unless_asked(monkeypatch, args, block_major
     sweep run them; ``--fp8-weights gnk`` runs the checkpoint's [G, N, K] layout."""
     seen = []
 
-    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None,
-                      block_major=True):
-        seen.append(block_major)
-        return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
-                "rounds": [{"table": 1.0}]}
-
-    monkeypatch.setattr(ab, "run_case", fake_run_case)
+    monkeypatch.setattr(ab, "run_case", _recording_run_case(lambda block_major, **_: seen.append(block_major)))
     assert ab.main(["table", "--fp8", "--shapes", "0", "--paddings", "128", "--rounds", "1", *args]) == 0
     assert seen == [block_major]
+
+
+def test_benchmarks_ab_keeps_the_reference_across_processes(tmp_path, monkeypatch):
+    """``benchmarks.ab --reference FILE`` hands each problem's run the digests FILE holds and
+    writes back what it added, so that the next process (the next copy) finds them."""
+    seen = []
+
+    def record(shape, padding, reference, **_):
+        seen.append(sorted(reference))
+        ab.check_reference(reference, f"{shape.name} {padding}", torch.ones(4, 16))
+
+    monkeypatch.setattr(ab, "run_case", _recording_run_case(record))
+    path = str(tmp_path / "reference.pt")
+    args = ["table", "--shapes", "0", "--paddings", "128", "--rounds", "1", "--reference", path]
+    assert ab.main(args) == 0
+    assert ab.main(args) == 0
+    name = ab.SHAPES[0].name
+    assert seen == [[], [f"{name} 128"]]
+    assert list(torch.load(path)) == [f"{name} 128"]
+
+
+def test_outputs_are_checked_against_the_first_processs_digest():
+    """The first output of a problem is kept as a digest; later ones (other processes: other
+    copies) are checked against it within 1e-2, as the outputs themselves would be."""
+    gen = torch.Generator().manual_seed(1)
+    out = torch.randn(300, 512, generator=gen).to(torch.bfloat16)
+    reference = {}
+    assert ab.check_reference(reference, "s | padding 128", out) is None
+    assert set(reference) == {"s | padding 128"} and reference["s | padding 128"].shape == (300, 8)
+    assert ab.check_reference(reference, "s | padding 128", out.clone()) is None
+    near = out.float() + 1e-3 * torch.randn(300, 512, generator=gen)
+    assert ab.check_reference(reference, "s | padding 128", near) is None
+    wrong = out.float() + 0.1 * torch.randn(300, 512, generator=gen)
+    error = ab.check_reference(reference, "s | padding 128", wrong)
+    assert error is not None and error.endswith("against the reference")
+    assert 0.05 < float(error.split()[2]) < 0.2  # about the outputs' own distance, 0.1
+    assert ab.check_reference(reference, "s | padding 128", out[:299]) == "rel err inf against the reference"
+    assert ab.check_reference(reference, "s | padding 128", torch.full_like(out, float("nan"))) is not None

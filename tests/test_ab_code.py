@@ -6,7 +6,6 @@ import shutil
 import subprocess
 
 import pytest
-import torch
 
 from benchmarks import ab, ab_code
 
@@ -101,43 +100,3 @@ def test_export_writes_one_directory(tmp_path, capsys):
         ab_code.main(["--export", "HEAD", str(tmp_path / "a"), str(tmp_path / "b")])
     assert "--export writes one directory" in capsys.readouterr().err
 
-
-def test_outputs_are_checked_against_the_first_processs_digest():
-    """The first output of a problem is kept as a digest; later ones (other processes: other
-    copies) are checked against it within 1e-2, as the outputs themselves would be."""
-    gen = torch.Generator().manual_seed(1)
-    out = torch.randn(300, 512, generator=gen).to(torch.bfloat16)
-    reference = {}
-    assert ab.check_reference(reference, "s | padding 128", out) is None
-    assert set(reference) == {"s | padding 128"} and reference["s | padding 128"].shape == (300, 8)
-    assert ab.check_reference(reference, "s | padding 128", out.clone()) is None
-    near = out.float() + 1e-3 * torch.randn(300, 512, generator=gen)
-    assert ab.check_reference(reference, "s | padding 128", near) is None
-    wrong = out.float() + 0.1 * torch.randn(300, 512, generator=gen)
-    error = ab.check_reference(reference, "s | padding 128", wrong)
-    assert error is not None and error.endswith("against the reference")
-    assert 0.05 < float(error.split()[2]) < 0.2  # about the outputs' own distance, 0.1
-    assert ab.check_reference(reference, "s | padding 128", out[:299]) == "rel err inf against the reference"
-    assert ab.check_reference(reference, "s | padding 128", torch.full_like(out, float("nan"))) is not None
-
-
-def test_benchmarks_ab_keeps_the_reference_across_processes(tmp_path, monkeypatch):
-    """``benchmarks.ab --reference FILE`` hands each problem's run the digests FILE holds and
-    writes back what it added, so that the next process (the next copy) finds them."""
-    seen = []
-
-    def fake_run_case(shape, padding, variants, fp8, rounds, reps, settle_s, layout=None, reference=None,
-                      block_major=True):
-        seen.append(sorted(reference))
-        ab.check_reference(reference, f"{shape.name} {padding}", torch.ones(4, 16))
-        return {"shape": shape.name, "token_padding": padding, "samples": {"table": [1.0]}, "errors": {},
-                "rounds": [{"table": 1.0}]}
-
-    monkeypatch.setattr(ab, "run_case", fake_run_case)
-    path = str(tmp_path / "reference.pt")
-    args = ["table", "--shapes", "0", "--paddings", "128", "--rounds", "1", "--reference", path]
-    assert ab.main(args) == 0
-    assert ab.main(args) == 0
-    name = ab.SHAPES[0].name
-    assert seen == [[], [f"{name} 128"]]
-    assert list(torch.load(path)) == [f"{name} 128"]
