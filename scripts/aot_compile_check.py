@@ -19,8 +19,10 @@ or another ``UTC*MMA`` form) on sm100, ``HGMMA`` (wgmma) on sm90 and ``HMMA`` (m
 sm80/sm86/sm89, and the FP8 GEMM (sm89+ only) tcgen05 MMAs on sm100, ``QGMMA`` on sm90 and
 ``QMMA`` on sm89, so a Triton or config change that silently drops to a slower instruction path
 fails here. Exit code 1 on any compile error, shared-memory overflow, missing tensor-core path or Gluon
-kernel outside sm90; spills are reported, not fatal. sm100 is checked with the installed Triton
-only (one without sm100 support fails that target's compiles).
+kernel outside sm90; spills are reported, not fatal, and so are kernels whose wgmma instructions
+ptxas serialized (a wait after each one, where code reads an accumulator that an MMA may still
+write). sm100 is checked with the installed Triton only (one without sm100 support fails that
+target's compiles).
 
     python scripts/aot_compile_check.py [--targets 90,100,80,86] [--dtypes bf16,fp16,fp32] [--json out.json]
     python scripts/aot_compile_check.py --targets 100 --dtypes bf16 --no-portable --problems 0,2
@@ -137,7 +139,13 @@ def _resource_usage(cubin) -> dict:
     # (sm89) and QGMMA (sm90), and the tcgen05 MMAs of
     # sm100 (UTCHMMA for f16/bf16/tf32; UTCQMMA, UTCIMMA, UTCOMMA for the fp8/int8/block-scaled kinds),
     # issued from uniform registers on shared-memory descriptors into tensor memory.
+    # ptxas serializes every wgmma of a kernel (C7514: waits for each one as it is issued) when a
+    # non-wgmma instruction touches an in-flight accumulator; the machine code then has a wait per
+    # wgmma, where a pipelined kernel has one per group of them.
+    wgmmas = len(re.findall(r"\b[HQ]GMMA\.", sass))
+    serialized = wgmmas > 0 and len(re.findall(r"\bWARPGROUP\.DEPBAR\b", sass)) >= wgmmas
     return {"registers": int(regs.group(1)) if regs else None, "stack_bytes": int(stack.group(1)) if stack else None,
+            "wgmma_serialized": serialized,
             "hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
             "qgmma": len(re.findall(r"\bQGMMA\.", sass)), "qmma": len(re.findall(r"\bQMMA\.", sass)),
             "tcgen05": len(re.findall(r"\bUTC[A-Z]*MMA\b", sass)),
@@ -379,10 +387,11 @@ def _report(records) -> int:
         status = f"FAIL {r['error']}" if "error" in r else (
             f"smem {r['shared']:>6} B  regs {r.get('registers')}  stack {r.get('stack_bytes')} B  "
             f"hgmma {r.get('hgmma')} hmma {r.get('hmma')} qgmma {r.get('qgmma')} qmma {r.get('qmma')} "
-            f"tcgen05 {r.get('tcgen05')}")
+            f"tcgen05 {r.get('tcgen05')}{'  WGMMA SERIALIZED' if r.get('wgmma_serialized') else ''}")
         print(f"{r['target']}{' portable' if r.get('portable') else ''} {r['kernel']} {r['dtype']} w{r['num_warps']} "
               f"s{r['num_stages']} [{knobs}]: {status}", flush=True)
-    print(f"# {len(records)} variants, {failures} failed")
+    serialized = sum(bool(r.get("wgmma_serialized")) for r in records)
+    print(f"# {len(records)} variants, {failures} failed, {serialized} with every wgmma serialized by ptxas")
     return failures
 
 
