@@ -2,9 +2,12 @@
 
 A ring stage holds one 128-deep K block of the e4m3 rows of ``a`` and of the weight tile(s): the
 scale block (:mod:`moonep_ops.fp8`), so each step's partial product is scaled by the rows' scales
-times the weight block's scale and added to an fp32 accumulator. The plain GEMM keeps the next
-step's MMA in flight while it scales the previous step's product (two partial products in
-registers), so that the scale step runs on the CUDA cores while the tensor cores work. The fused
+times the weight block's scale and added to an fp32 accumulator. The plain GEMM takes the K
+blocks two at a time and keeps the second block's MMA in flight while it scales the first's product
+(two partial products in registers), so that that scale step runs on the CUDA cores while the
+tensor cores work. No MMA stays in flight from one loop iteration to the next: its registers would
+then be copied while it runs, and ptxas would serialize every wgmma of the kernel (waiting for each
+one as it is issued; ``scripts/aot_compile_check.py`` reports a kernel so compiled). The fused
 GEMM holds two accumulators already, and a fourth ``[64, 128]`` fp32 tile per warpgroup would not
 fit the registers: it runs each MMA (gate, then up) to completion before scaling its product. Both
 leave their tensor cores idle while they scale; in the FP8 configs the two ping-pong consumers'
@@ -68,26 +71,33 @@ def _a_rows(smem, stage, ROW0: gl.constexpr, ROWS: gl.constexpr):
 @gluon.jit
 def _plain_mainloop(smem, a_scales, row_mask, w_scales, ring_pos, k_steps, acc, STAGES: gl.constexpr,
                     ROW0: gl.constexpr):
-    """``acc += (a_k @ w_k.T) * a_scale_k * w_scale_k`` over the K blocks, the MMA of block k in
-    flight while block k-1's product is scaled."""
+    """``acc += (a_k @ w_k.T) * a_scale_k * w_scale_k`` over the K blocks, two at a time: block
+    k+1's MMA in flight while block k's product is scaled (none in flight across iterations)."""
     zeros = gl.zeros_like(acc)
-    stage = _stage(smem, ring_pos, STAGES)
-    part = warpgroup_mma(_a_rows(smem, stage, ROW0, acc.shape[0]), smem.w_bufs.index(stage).permute((1, 0)), zeros,
-                         use_acc=False, is_async=True)
-    scale = gl.load(a_scales, mask=row_mask, other=0.0) * gl.load(w_scales)
-    for k_step in range(1, k_steps):
+    for k_step in range(0, k_steps - 1, 2):
         stage = _stage(smem, ring_pos + k_step, STAGES)
-        nxt = warpgroup_mma(_a_rows(smem, stage, ROW0, acc.shape[0]), smem.w_bufs.index(stage).permute((1, 0)),
-                            zeros, use_acc=False, is_async=True)
-        next_scale = gl.load(a_scales + k_step, mask=row_mask, other=0.0) * gl.load(w_scales + k_step)
-        part = warpgroup_mma_wait(1, deps=(part, ))
-        mbarrier.arrive(smem.empty.index((ring_pos + k_step - 1) % STAGES), count=1)
-        acc += part * scale[:, None]
-        part = nxt
-        scale = next_scale
-    part = warpgroup_mma_wait(0, deps=(part, ))
-    mbarrier.arrive(smem.empty.index((ring_pos + k_steps - 1) % STAGES), count=1)
-    return acc + part * scale[:, None]
+        first = warpgroup_mma(_a_rows(smem, stage, ROW0, acc.shape[0]), smem.w_bufs.index(stage).permute((1, 0)),
+                              zeros, use_acc=False, is_async=True)
+        stage_1 = _stage(smem, ring_pos + k_step + 1, STAGES)
+        second = warpgroup_mma(_a_rows(smem, stage_1, ROW0, acc.shape[0]),
+                               smem.w_bufs.index(stage_1).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        scale = gl.load(a_scales + k_step, mask=row_mask, other=0.0) * gl.load(w_scales + k_step)
+        scale_1 = gl.load(a_scales + k_step + 1, mask=row_mask, other=0.0) * gl.load(w_scales + k_step + 1)
+        first = warpgroup_mma_wait(1, deps=(first, ))
+        mbarrier.arrive(smem.empty.index(stage), count=1)
+        acc += first * scale[:, None]
+        second = warpgroup_mma_wait(0, deps=(second, ))
+        mbarrier.arrive(smem.empty.index(stage_1), count=1)
+        acc += second * scale_1[:, None]
+    if k_steps % 2:
+        stage = _stage(smem, ring_pos + k_steps - 1, STAGES)
+        last = warpgroup_mma(_a_rows(smem, stage, ROW0, acc.shape[0]), smem.w_bufs.index(stage).permute((1, 0)),
+                             zeros, use_acc=False, is_async=True)
+        scale = gl.load(a_scales + k_steps - 1, mask=row_mask, other=0.0) * gl.load(w_scales + k_steps - 1)
+        last = warpgroup_mma_wait(0, deps=(last, ))
+        mbarrier.arrive(smem.empty.index(stage), count=1)
+        acc += last * scale[:, None]
+    return acc
 
 
 @gluon.jit
