@@ -124,16 +124,18 @@ def _store_tile(acc, out_buf, out_desc, problem, row_lo, col0, end, acc_layout: 
         flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M, BLOCK_N, WARPS)
     elif ROWS == BLOCK_M:
         # Split epilogue: the halves leave one after the other. In the wgmma layout the top column
-        # bit is a register bit, so the split moves no data (asserted).
+        # bit is a register bit, so the split moves no data (asserted). Each half is rounded to the
+        # output dtype just before its store: rounding the whole tile first makes Triton 3.8's
+        # build serialize every wgmma of the kernel (ptxas C7514; scripts/aot_compile_check.py).
         gl.static_assert(2 * EPI_N == BLOCK_N, "the split epilogue stores two halves")
         half_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                               instr_shape=[16, EPI_N, 16])
-        lo, hi = gl.split(gl.permute(gl.reshape(acc.to(out_desc.dtype), [ROWS, 2, EPI_N]), [0, 2, 1]))
+        lo, hi = gl.split(gl.permute(gl.reshape(acc, [ROWS, 2, EPI_N]), [0, 2, 1]))
         tma.store_wait(0)
-        out_buf.store(gl.convert_layout(lo, half_layout, assert_trivial=True))
+        out_buf.store(gl.convert_layout(lo.to(out_desc.dtype), half_layout, assert_trivial=True))
         flush_tile(out_buf, out_desc, problem, row_lo, col0, end, BLOCK_M, EPI_N, WARPS)
         tma.store_wait(0)
-        out_buf.store(gl.convert_layout(hi, half_layout, assert_trivial=True))
+        out_buf.store(gl.convert_layout(hi.to(out_desc.dtype), half_layout, assert_trivial=True))
         flush_tile(out_buf, out_desc, problem, row_lo, col0 + EPI_N, end, BLOCK_M, EPI_N, WARPS)
     else:
         # An idle-upper-half tile with a split epilogue: its warpgroups hold different columns, so
