@@ -142,12 +142,12 @@ def _resource_usage(cubin) -> dict:
     # ptxas serializes every wgmma of a kernel (C7514: waits for each one as it is issued) when a
     # non-wgmma instruction touches an in-flight accumulator; the machine code then has a wait per
     # wgmma, where a pipelined kernel has one per group of them.
-    wgmmas = len(re.findall(r"\b[HQ]GMMA\.", sass))
-    serialized = wgmmas > 0 and len(re.findall(r"\bWARPGROUP\.DEPBAR\b", sass)) >= wgmmas
+    hgmma, qgmma = len(re.findall(r"\bHGMMA\.", sass)), len(re.findall(r"\bQGMMA\.", sass))
+    serialized = hgmma + qgmma > 0 and len(re.findall(r"\bWARPGROUP\.DEPBAR\b", sass)) >= hgmma + qgmma
     return {"registers": int(regs.group(1)) if regs else None, "stack_bytes": int(stack.group(1)) if stack else None,
             "wgmma_serialized": serialized,
-            "hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
-            "qgmma": len(re.findall(r"\bQGMMA\.", sass)), "qmma": len(re.findall(r"\bQMMA\.", sass)),
+            "hgmma": hgmma, "hmma": len(re.findall(r"\bHMMA\.", sass)),
+            "qgmma": qgmma, "qmma": len(re.findall(r"\bQMMA\.", sass)),
             "tcgen05": len(re.findall(r"\bUTC[A-Z]*MMA\b", sass)),
             "sass_sha1": hashlib.sha1(code.encode()).hexdigest()[:12]}
 
