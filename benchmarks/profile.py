@@ -9,6 +9,13 @@ skipped: they include compilation):
         --section SpeedOfLight --section ComputeWorkloadAnalysis \\
         python -m benchmarks.profile --shape 2 --path fp8
 
+Where a kernel's warps wait, per machine instruction (warp-stall samples): record a report, then
+print its source page as CSV (a row per instruction: its warp-stall samples, in all and per reason)::
+
+    ncu --clock-control none -k regex:gluon --launch-skip 2 --launch-count 1 --section WarpStateStats \\
+        --section SourceCounters -o report python -m benchmarks.profile --shape 4 --padding 1 --path fp8 --calls 2
+    ncu -i report.ncu-rep --page source --csv --print-source sass > report.csv
+
 ``--path bf16`` runs the bf16 experts op; ``--calls`` sets how many calls run (default 3). FP8
 weights are block-major, as the FP8 table's ``fp8`` column runs them (``--fp8-weights gnk``: the
 checkpoint's ``[G, N, K]``).
