@@ -21,9 +21,18 @@ weights are block-major, as the FP8 table's ``fp8`` column runs them (``--fp8-we
 checkpoint's ``[G, N, K]``).
 ``--case NAME`` runs a layout-sweep case instead of a benchmark shape (its name as the sweep prints
 it, e.g. ``--case "qwen3-30b-a3b K8 G1000 epn996 S16 z1.5 p1 s0"``; its own padding, seed and skew).
+
+``--kernel-times`` needs no outside profiler: it captures ``--calls`` calls in a CUDA graph, replays
+it 200 times, then records a few replays with ``torch.profiler`` and prints each of a call's kernels'
+median time and the median gaps between them (negative: the next kernel started before this one
+ended, as a PDL dependent does), in µs. The board is not settled first, so the figures are for
+comparing the kernels of one call (where its time goes), not for the tables::
+
+    python -m benchmarks.profile --shape 3 --path fp8 --kernel-times
 """
 
 import argparse
+import statistics
 
 import torch
 
@@ -42,8 +51,12 @@ def main(argv=None) -> int:
     parser.add_argument("--fp8-weights", choices=("block-major", "gnk"), default="block-major",
                         help="FP8 weights block-major or in the checkpoint's [G, N, K] layout")
     parser.add_argument("--case", default=None, help="a layout-sweep case by name (benchmarks.sweep_cases)")
+    parser.add_argument("--kernel-times", action="store_true",
+                        help="print each kernel's median time and the gaps between them (torch.profiler)")
     args = parser.parse_args(argv)
     case = sweep_case(args.case, parser) if args.case else None
+    if args.kernel_times and args.calls < 2:
+        parser.error("--kernel-times needs --calls 2 or more (each replay's first call is left out)")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     if case is None:
@@ -59,12 +72,67 @@ def main(argv=None) -> int:
             w_gate, w_up, w_down = (moonep_ops.fp8.to_block_major(w) for w in (w_gate, w_up, w_down))
         kwargs = dict(w_gate_scale=s_gate, w_up_scale=s_up, w_down_scale=s_down)
     out = torch.empty_like(x)
-    for _ in range(args.calls):
+
+    def call():
         moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, out=out, **kwargs)
-    torch.cuda.synchronize()
+
     print(f"{shape.name}, padding {padding}, {args.path}: {args.calls} calls, NvS {x.shape[0]}, "
           f"rows in segments {sum(sizes)}")
+    if args.kernel_times:
+        print_kernel_times(call, args.calls)
+        return 0
+    for _ in range(args.calls):
+        call()
+    torch.cuda.synchronize()
     return 0
+
+
+def print_kernel_times(call, calls: int, replays: int = 5) -> None:
+    """Each kernel of ``call`` in launch order: its median time and gap (:func:`kernel_times`) over
+    ``replays`` graph replays of ``calls`` calls each, after 200 replays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .timing import capture_graph
+
+    graph = capture_graph(call)
+    for _ in range(200):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    times = kernel_times(kernels, calls, replays)
+    if times is None:
+        print(f"  {len(kernels)} kernels in {calls * replays} calls: not the same launches in every call")
+        return
+    span, rows = times
+    print(f"  a call: {len(rows)} kernels over {span:.1f} µs (first start to last end)")
+    for k, (name, took, gap) in enumerate(rows):
+        after = "" if gap is None else f", after a gap of {gap:.1f}"
+        print(f"  {k}: {took:8.1f} µs{after}  {name[:90]}")
+
+
+def kernel_times(kernels, calls: int, replays: int):
+    """From ``(start, end, name)`` of every kernel of ``replays`` replays of ``calls`` calls each:
+    the median span of a call, and per kernel of a call its name, median time and median gap to
+    the kernel before it (None for the first). The first call of each replay is left out (it
+    follows the previous replay's end). None where the calls did not launch alike."""
+    kernels = sorted(kernels)
+    per_call, extra = divmod(len(kernels), calls * replays)
+    if per_call == 0 or extra:
+        return None
+    samples = [kernels[c * per_call:(c + 1) * per_call] for c in range(calls * replays) if c % calls]
+    if not samples or any([k[2] for k in one] != [k[2] for k in samples[0]] for one in samples):
+        return None
+    rows = []
+    for k in range(per_call):
+        took = statistics.median(one[k][1] - one[k][0] for one in samples)
+        gap = statistics.median(one[k][0] - one[k - 1][1] for one in samples) if k else None
+        rows.append((samples[0][k][2], took, gap))
+    return statistics.median(one[-1][1] - one[0][0] for one in samples), rows
 
 
 def sweep_case(name: str, parser):
