@@ -125,13 +125,14 @@ def kernel_times(kernels, calls: int, replays: int):
     if per_call == 0 or extra:
         return None
     samples = [kernels[c * per_call:(c + 1) * per_call] for c in range(calls * replays) if c % calls]
-    if not samples or any([k[2] for k in one] != [k[2] for k in samples[0]] for one in samples):
+    names = [k[2] for k in samples[0]] if samples else None
+    if not samples or any([k[2] for k in one] != names for one in samples):
         return None
     rows = []
     for k in range(per_call):
         took = statistics.median(one[k][1] - one[k][0] for one in samples)
         gap = statistics.median(one[k][0] - one[k - 1][1] for one in samples) if k else None
-        rows.append((samples[0][k][2], took, gap))
+        rows.append((names[k], took, gap))
     return statistics.median(one[-1][1] - one[0][0] for one in samples), rows
 
 
