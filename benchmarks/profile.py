@@ -94,7 +94,11 @@ def print_kernel_times(call, calls: int, replays: int = 5) -> None:
 
     from .timing import capture_graph
 
-    graph = capture_graph(call)
+    def calls_in_a_row():
+        for _ in range(calls):
+            call()
+
+    graph = capture_graph(calls_in_a_row)
     for _ in range(200):
         graph.replay()
     torch.cuda.synchronize()

@@ -1,8 +1,13 @@
-"""benchmarks/profile.py's ``--kernel-times`` on CPU: the per-kernel medians and gaps taken from
+"""benchmarks/profile.py's ``--kernel-times``: on CPU, the per-kernel medians and gaps taken from
 profiler events of graph replays (each replay's first call left out), and calls that did not launch
-alike refused."""
+alike refused; on CUDA, the whole tool on a call of two kernels."""
+
+import pytest
+import torch
 
 from benchmarks import profile
+
+from .conftest import HAS_CUDA
 
 
 def _events(calls, replays, kernels, skew=0.0):
@@ -37,3 +42,18 @@ def test_calls_that_launch_differently_are_refused():
     renamed = [(s, e, "c" if i == 3 else n) for i, (s, e, n) in enumerate(sorted(events))]
     assert profile.kernel_times(renamed, calls=2, replays=2) is None  # another kernel in one call
     assert profile.kernel_times(events, calls=1, replays=4) is None  # every call is a replay's first
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_kernel_times_of_replayed_calls_cuda(capsys):
+    x = torch.ones(1 << 20, device="cuda")
+
+    def call():  # two kernels a call
+        x.add_(1.0)
+        x.mul_(0.5)
+
+    profile.print_kernel_times(call, calls=3, replays=4)
+    printed = capsys.readouterr().out
+    assert "a call: 2 kernels" in printed, printed  # each replay holds three calls, not one
+    assert len([line for line in printed.splitlines() if " µs" in line]) == 3, printed
