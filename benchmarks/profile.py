@@ -29,6 +29,12 @@ ended, as a PDL dependent does), in µs. The board is not settled first, so the 
 comparing the kernels of one call (where its time goes), not for the tables::
 
     python -m benchmarks.profile --shape 3 --path fp8 --kernel-times
+
+Where one kernel's time goes inside it, probe copies tell (the package exported by ``python -m
+benchmarks.ab_code --export HEAD ../probe``, then one piece of a kernel taken out): run this from a
+copy's directory with it first on the path, so that its ``moonep_ops`` is the one imported::
+
+    cd ../probe && PYTHONPATH=$PWD:$OLDPWD python -m benchmarks.profile --shape 3 --path fp8 --kernel-times
 """
 
 import argparse
