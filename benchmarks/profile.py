@@ -135,8 +135,10 @@ def kernel_times(kernels, calls: int, replays: int):
     if per_call == 0 or extra:
         return None
     samples = [kernels[c * per_call:(c + 1) * per_call] for c in range(calls * replays) if c % calls]
-    names = [k[2] for k in samples[0]] if samples else None
-    if not samples or any([k[2] for k in one] != names for one in samples):
+    if not samples:
+        return None
+    names = [k[2] for k in samples[0]]
+    if any([k[2] for k in one] != names for one in samples):
         return None
     rows = []
     for k in range(per_call):
