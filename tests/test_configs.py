@@ -39,6 +39,13 @@ def test_config_table_picks_each_consumer_scheme():
             block_n=256, stages=4 if split else 3, pingpong=False, skip_idle_half=True,
             skip_lone_tiles_only=nvs >= 32768, epilogue_n=128 if split else 0)
         assert pick(2048, 7168, nvs, fused=False).block_n == 128  # its unfused gate/up GEMMs
+    # H = 7168, I = 4096 (the layout sweep's top-1 and top-8 models): the same 128x256 down tiles
+    assert pick(7168, 4096, 69632, fused=False) == configs.GluonConfig(
+        block_n=256, stages=3, pingpong=False, skip_idle_half=True, skip_lone_tiles_only=True)
+    assert pick(7168, 4096, 1024, fused=False, groups=8) == configs.GluonConfig(
+        block_n=256, stages=3, pingpong=False, skip_idle_half=True)
+    assert pick(7168, 4096, 1920, fused=False, groups=64).block_n == 128  # padded decode: 30 rows per group
+    assert pick(5120, 8192, 6144, fused=False).block_n == 128  # llama4 down (K = 8192): ping-pong 128x128
     assert pick(8192, 5120, 6144, fused=False).block_n == 128  # llama4's unfused gate/up GEMMs
     assert pick(768, 2048, 48896, fused=False).pingpong  # qwen3's unfused gate/up GEMMs
     # The tail's zeros: by the producer warp on long reductions, by the consumers on short ones.
@@ -86,6 +93,9 @@ def test_tiny_segments_skip_idle_halves_in_every_config():
         if fused and k >= 5120:  # long fused reductions below 8192 rows: ping-pong on tiny segments only
             assert pick(n, k, nvs, fused, groups=g).pingpong and not pick(n, k, nvs, fused).pingpong
             continue
+        if k == 4096:  # I = 4096's down GEMM: its 128x256 tiles only from 64 rows per group
+            assert pick(n, k, nvs, fused, groups=g).block_n == 128 and pick(n, k, nvs, fused).block_n == 256
+            continue
         assert pick(n, k, nvs, fused, groups=g) == dataclasses.replace(pick(n, k, nvs, fused), skip_idle_half=True,
                                                                        skip_lone_tiles_only=False)
     # 64 rows per group and more: the table's own pick, else segments' only row tiles
@@ -99,10 +109,12 @@ def test_tiny_segments_skip_idle_halves_in_every_config():
 
 def test_cooperative_down_gemm_keeps_shared_memory_room_for_long_reductions():
     """Six stages of the cooperative 128x128 down GEMM plus its tail buffer and the handoff's
-    barriers overflow the 227 KiB at K = 4096 (an I = 4096 top-1 model): five stages there."""
+    barriers overflow the 227 KiB from K = 4096 (the unfused gate/up GEMMs of H = 7168,
+    I = 4096; a down GEMM of I = 4096 with H under 4096): five stages there."""
     pick = configs.gluon_gemm_config
-    assert pick(7168, 4096, 15616, fused=False).stages == 5
-    assert pick(7168, 4096, 12416, fused=False).stages == 5
+    assert pick(4096, 7168, 15616, fused=False) == configs.GluonConfig(stages=5, pingpong=False,
+                                                                      skip_idle_half=True, skip_lone_tiles_only=True)
+    assert pick(2048, 4096, 12416, fused=False).stages == 5
     assert pick(2048, 768, 33024, fused=False).stages == 6  # qwen3 down: unchanged
 
 

@@ -139,10 +139,13 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> Glu
                                skip_idle_half=True, takes_out_tail=True)
         # two accumulators of 64 columns per warpgroup
         return GluonConfig(block_n=64, stages=6, tail_by_producer=tail_by_producer)
-    if 2048 <= k < 4096 and n >= 4096:
-        # kimi-k2's down GEMM: 128x256 tiles read fewer L2 bytes per FLOP (energy under the power
-        # cap). 48 KiB per stage and a 64 KiB output buffer: three stages fit; four with a split
-        # epilogue (a 32 KiB buffer), which gains where 16384 <= NvS < 32768.
+    if n >= 4096 and (2048 <= k < 4096 or (k == 4096 and not tiny)):
+        # The down GEMMs of H = 7168 (kimi-k2's I = 2048; I = 4096 from 64 rows per group): 128x256
+        # tiles read fewer L2 bytes per FLOP (energy under the power cap). 48 KiB per stage and a
+        # 64 KiB output buffer: three stages fit; four with a split epilogue (a 32 KiB buffer),
+        # which gains where 16384 <= NvS < 32768. At I = 4096 in padded decode buffers (about 30
+        # rows per group) the wide tiles' half as many items lost; at K = 8192 (llama4) they
+        # gained nothing.
         split = 16384 <= num_rows < 32768
         return GluonConfig(block_n=256, stages=4 if split else 3, pingpong=False, tail_by_producer=tail_by_producer,
                            skip_idle_half=num_rows < 32768, epilogue_n=128 if split else 0)
@@ -150,7 +153,7 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> Glu
         return GluonConfig(block_n=128, stages=5, tail_by_producer=tail_by_producer)
     # Six 32 KiB stages and the 32 KiB output buffer leave 3 KiB of the 227 KiB; the producer's
     # tail buffer and the handoff's barriers need more than that once K reaches 4096 (no
-    # benchmark shape: the layout sweep's I = 4096 models), so such reductions take five.
+    # benchmark shape: the unfused gate/up GEMMs of H = 7168, I = 4096), so such reductions take five.
     return GluonConfig(block_n=128, stages=5 if k >= 4096 else 6, pingpong=False, tail_by_producer=tail_by_producer,
                        skip_idle_half=num_rows >= 40960)
 
