@@ -316,3 +316,22 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
     assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
     assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
     assert torch.equal(out[:layout.total][pad], torch.zeros_like(out[:layout.total][pad]))
+
+
+def test_experts_of_i4096_take_wide_down_tiles():
+    """I = 4096 (K = 4096 in the down GEMM, N >= 4096) from 64 rows per group: the down GEMM runs
+    cooperative 128x256 tiles with the idle-half skip, as kimi-k2's does; float64 reference, zero
+    tail, zero padding rows."""
+    import moonep_ops
+
+    layout = _padded("i4096", (100, 0, 130, 250, 65), 128, extra_tail=300, k=4096, n=4096)
+    cfg = gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False, groups=layout.num_groups)
+    assert (cfg.block_n, cfg.pingpong, cfg.skip_idle_half) == (256, False, True)
+    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
+    rw = zero_padding_rows(layout, rw)
+    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
+    ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
+    assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+    pad = rw[:layout.total] == 0
+    assert torch.equal(out[:layout.total][pad], torch.zeros_like(out[:layout.total][pad]))
