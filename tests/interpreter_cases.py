@@ -265,11 +265,13 @@ def test_flatten_with_tma_store_is_refused(interpreted):
                                  use_tma=True)
 
 
-@pytest.mark.parametrize("groups_per_program, width", [(1, 1), (8, 1), (8, 4), (3, 8)])
+@pytest.mark.parametrize("groups_per_program, width, max_row_blocks", [(1, 1, 8192), (8, 1, 8192), (8, 4, 8192),
+                                                                     (3, 8, 8192), (8, 4, 2)])
 @pytest.mark.parametrize("with_weights", [False, True], ids=["all_rows", "route_weights"])
-def test_fp8_row_quantization_reads_the_rows_it_should(with_weights, groups_per_program, width):
+def test_fp8_row_quantization_reads_the_rows_it_should(with_weights, groups_per_program, width, max_row_blocks):
     """The FP8 experts' quantization of ``x`` (the sm89+ kernel): the scales of the live rows;
     with route weights, a row of weight 0 (NaN in it here) and the tail neither read nor written.
+    ``max_row_blocks`` 2: two programs per column run step over the seven row blocks.
     Only the scales and the untouched rows are compared: the interpreter converts to e4m3 with its
     own rounding (some elements one binade off), so the e4m3 values are checked on the GPU."""
     from moonep_ops import fp8
@@ -284,7 +286,7 @@ def test_fp8_row_quantization_reads_the_rows_it_should(with_weights, groups_per_
         x[5:9] = x[32:37] = float("nan")
     q = torch.full((50, 1100), 1.0).to(torch.float8_e4m3fn)
     scale = torch.full((50, 9), -1.0)
-    quantize_rows(x, cu, q, scale, rw if with_weights else None, groups_per_program, width)
+    quantize_rows(x, cu, q, scale, rw if with_weights else None, groups_per_program, width, max_row_blocks)
     _, ref_scale = fp8.quantize_rows(x[:37].float())
     if with_weights:
         for lo, hi in ((5, 9), (32, 37)):

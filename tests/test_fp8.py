@@ -656,10 +656,12 @@ def test_quantize_weight_zero_block():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton quantization kernel runs on CUDA")
+@pytest.mark.parametrize("max_row_blocks", [8192, 5])
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
 @pytest.mark.parametrize("groups_per_program", [1, 3, 8])
-def test_cuda_row_quantization_matches_the_semantics(groups_per_program, width):
-    """The CUDA quantization of ``x`` (a program per row block and run of column groups) against
+def test_cuda_row_quantization_matches_the_semantics(groups_per_program, width, max_row_blocks):
+    """The CUDA quantization of ``x`` (a program per row block and run of column groups, or with
+    ``max_row_blocks`` 5 five programs per run stepping over the 38 row blocks) against
     :func:`fp8.quantize_rows` on the live rows of route weight other than 0; the rows of weight 0
     (NaN here) and the tail keep the bytes they had."""
     from moonep_ops.kernels.triton.grouped_gemm_fp8 import quantize_rows
@@ -671,7 +673,7 @@ def test_cuda_row_quantization_matches_the_semantics(groups_per_program, width):
     x[64:128] = x[7] = float("nan")
     q = torch.full((300, 1100), 2.0, device="cuda").to(FP8)
     s = torch.full((300, 9), -1.0, device="cuda")
-    quantize_rows(x, cu, q, s, rw, groups_per_program, width=width)
+    quantize_rows(x, cu, q, s, rw, groups_per_program, width=width, max_row_blocks=max_row_blocks)
     read = (torch.arange(300, device="cuda") < 250) & (rw != 0)
     expected_q, expected_s = fp8.quantize_rows(x[read])
     assert torch.equal(q[read].float(), expected_q.float()) and torch.equal(s[read], expected_s)

@@ -193,41 +193,68 @@ def grouped_gemm_fp8_kernel(
 @triton.jit
 def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cu_ptr, rw_ptr, G, NUM_ROWS, K, stride_xm, stride_xk, stride_qm,
                          stride_sm, BLOCK_R: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr,
-                         BY_WEIGHT: tl.constexpr):
+                         BY_WEIGHT: tl.constexpr, STRIDED: tl.constexpr):
     """e4m3 rows of ``x`` and their scales, per 128 columns, for rows below ``cu_seqlens[-1]``
     only (the tail is neither read nor written). ``BY_WEIGHT``: rows whose route weight is 0
     (MoonEP's padding) are neither read nor written either: the fused GEMM's epilogue writes their
     ``act`` rows as zeros whatever their products. Program (row block, run of
     ``GROUPS_PER_PROGRAM`` column groups), loaded ``WIDTH`` groups at a time: in padded decode most
-    row blocks hold only padding, and their programs return after one load of route weights."""
+    row blocks hold only padding, and their programs return after one load of route weights.
+    ``STRIDED``: the grid has fewer row blocks than the buffer, and program ``p`` takes row blocks
+    ``p``, ``p`` plus the grid's row blocks, ... up to ``cu_seqlens[-1]``."""
     live_end = tl.minimum(tl.maximum(tl.load(cu_ptr + G - 1), 0), NUM_ROWS)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    if tl.program_id(0) * BLOCK_R < live_end:
-        read = rows < live_end
-        if BY_WEIGHT:
-            read = read & (tl.load(rw_ptr + rows, mask=read, other=0.0) != 0.0)
-        if tl.max(read.to(tl.int32), axis=0) != 0:
-            rows64 = rows[:, None].to(tl.int64)
-            num_groups = tl.cdiv(K, 128)
-            kb0 = tl.program_id(1) * GROUPS_PER_PROGRAM
-            for kb in range(kb0, tl.minimum(kb0 + GROUPS_PER_PROGRAM, num_groups), WIDTH):
-                cols = kb * 128 + tl.arange(0, WIDTH * 128)
-                mask = read[:, None] & (cols < K)[None, :]
-                x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :].to(tl.int64) * stride_xk, mask=mask, other=0.0)
-                # One 128-column group per row of the reshaped tile.
-                q, scale = quantize_rows_tile(tl.reshape(x.to(tl.float32), (BLOCK_R * WIDTH, 128)))
-                tl.store(q_ptr + rows64 * stride_qm + cols[None, :], tl.reshape(q, (BLOCK_R, WIDTH * 128)), mask=mask)
-                groups = kb + tl.arange(0, WIDTH)
-                tl.store(s_ptr + rows64 * stride_sm + groups[None, :], tl.reshape(scale, (BLOCK_R, WIDTH)),
-                         mask=read[:, None] & (groups < num_groups)[None, :])
+    if STRIDED:
+        for block in range(tl.program_id(0), tl.cdiv(live_end, BLOCK_R), tl.num_programs(0)):
+            rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+            _quantize_row_block(x_ptr, q_ptr, s_ptr, rw_ptr, rows, live_end, K, stride_xm, stride_xk, stride_qm,
+                                stride_sm, GROUPS_PER_PROGRAM, WIDTH, BY_WEIGHT)
+    else:
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        if tl.program_id(0) * BLOCK_R < live_end:
+            _quantize_row_block(x_ptr, q_ptr, s_ptr, rw_ptr, rows, live_end, K, stride_xm, stride_xk, stride_qm,
+                                stride_sm, GROUPS_PER_PROGRAM, WIDTH, BY_WEIGHT)
 
 
-def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_program=None, width=4) -> None:
+@triton.jit
+def _quantize_row_block(x_ptr, q_ptr, s_ptr, rw_ptr, rows, live_end, K, stride_xm, stride_xk, stride_qm, stride_sm,
+                        GROUPS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr, BY_WEIGHT: tl.constexpr):
+    """A row block's ``rows`` below ``live_end`` (and of route weight other than 0), this
+    program's run of column groups."""
+    BLOCK_R: tl.constexpr = rows.shape[0]
+    read = rows < live_end
+    if BY_WEIGHT:
+        read = read & (tl.load(rw_ptr + rows, mask=read, other=0.0) != 0.0)
+    if tl.max(read.to(tl.int32), axis=0) != 0:
+        rows64 = rows[:, None].to(tl.int64)
+        num_groups = tl.cdiv(K, 128)
+        kb0 = tl.program_id(1) * GROUPS_PER_PROGRAM
+        for kb in range(kb0, tl.minimum(kb0 + GROUPS_PER_PROGRAM, num_groups), WIDTH):
+            cols = kb * 128 + tl.arange(0, WIDTH * 128)
+            mask = read[:, None] & (cols < K)[None, :]
+            x = tl.load(x_ptr + rows64 * stride_xm + cols[None, :].to(tl.int64) * stride_xk, mask=mask, other=0.0)
+            # One 128-column group per row of the reshaped tile.
+            q, scale = quantize_rows_tile(tl.reshape(x.to(tl.float32), (BLOCK_R * WIDTH, 128)))
+            tl.store(q_ptr + rows64 * stride_qm + cols[None, :], tl.reshape(q, (BLOCK_R, WIDTH * 128)), mask=mask)
+            groups = kb + tl.arange(0, WIDTH)
+            tl.store(s_ptr + rows64 * stride_sm + groups[None, :], tl.reshape(scale, (BLOCK_R, WIDTH)),
+                     mask=read[:, None] & (groups < num_groups)[None, :])
+
+
+# Row blocks of the quantization's grid at most (65536 rows: every benchmark shape's buffer fits).
+# Larger buffers hold mostly padding reserve past cu_seqlens[-1] in decode (a top-8 call of 512 rows
+# over 1000 groups: 253568), where a program per row block launched tens of thousands that found
+# nothing to do.
+MAX_ROW_BLOCKS = 8192
+
+
+def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_program=None, width=4,
+                  max_row_blocks=MAX_ROW_BLOCKS) -> None:
     """``q`` (e4m3, contiguous ``[NvS, K]``) and ``scale`` (fp32 ``[NvS, cdiv(K, 128)]``) from the
     live rows of ``x``. ``route_weights`` (the experts op's, contiguous): a row of weight 0 is
     left unread and unwritten (stale bytes: the fused epilogue zeroes its ``act`` row).
     ``groups_per_program``: the 128-column groups of a program (None: by the grid's size), rounded
-    up to a multiple of ``width``, the groups of one load (a power of 2)."""
+    up to a multiple of ``width``, the groups of one load (a power of 2). ``max_row_blocks``: the
+    grid's row blocks at most (a program then takes every so many)."""
     num_rows, k = x.shape
     if num_rows == 0 or k == 0:
         return
@@ -244,11 +271,11 @@ def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_progra
     per_program = min(groups_per_program, groups)
     width = min(width, triton.next_power_of_2(per_program))
     per_program = triton.cdiv(per_program, width) * width
-    grid = (row_blocks, triton.cdiv(groups, per_program))
+    grid = (min(row_blocks, max_row_blocks), triton.cdiv(groups, per_program))
     quantize_rows_kernel[grid](x, q, scale, cu_seqlens, x if route_weights is None else route_weights,
                                cu_seqlens.shape[0], num_rows, k, x.stride(0), x.stride(1), q.stride(0),
                                scale.stride(0), BLOCK_R=block_r, GROUPS_PER_PROGRAM=per_program, WIDTH=width,
-                               BY_WEIGHT=route_weights is not None, num_warps=4)
+                               BY_WEIGHT=route_weights is not None, STRIDED=row_blocks > max_row_blocks, num_warps=4)
 
 
 @dataclasses.dataclass(frozen=True)
