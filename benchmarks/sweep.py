@@ -35,9 +35,13 @@ efficiency, worst per bound, speedup over the base path). One line per case is p
 finishes. ``--resume`` continues the sweep in an existing ``--out`` (a run that ``--max-seconds``
 cut short, on the same GPU kind): it keeps that file's cases, runs the rest of the list, and then
 confirms those of the lowest cases of all (``--confirm``) that the earlier run did not confirm.
+``--rerun REGEX`` (with ``--resume``) drops the kept cases whose names match the regular expression
+first, so that they run again: after a change that touched only some layouts (a config rule for one
+model), those are re-timed without the rest; the JSON's ``env`` and the rendered summary say which.
 
     python -m benchmarks.sweep [--out sweep.json] [--fp8] [--quick] [--cases 120] [--reps 50] [--settle 0.3]
-                               [--confirm 8] [--confirm-rounds 2] [--max-seconds S] [--resume] [--list]
+                               [--confirm 8] [--confirm-rounds 2] [--max-seconds S] [--resume [--rerun REGEX]]
+                               [--list]
     python -m benchmarks.report --sweep --results sweep.json   # the summary into docs/performance.md
     python -m benchmarks.report --fp8-sweep --results sweep_fp8.json   # the FP8 sweep's into docs/fp8.md
 """
@@ -46,6 +50,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import statistics
 import time
 
@@ -261,6 +266,18 @@ def resumed(path: str, env: dict) -> tuple:
     return prior["cases"], {**prior["env"], "runs": prior["env"].get("runs", 1) + 1}
 
 
+def dropped(records: list, env: dict, pattern: str) -> tuple:
+    """``records`` without the cases whose names match ``pattern`` (``--rerun``), and ``env``
+    noting that this run re-times them (under ``"reruns"``: the run, the pattern, the count)."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise SystemExit(f"benchmarks.sweep: --rerun {pattern!r}: not a regular expression ({exc})") from None
+    kept = [rec for rec in records if not regex.search(rec["name"])]
+    rerun = {"run": env.get("runs", 1), "pattern": pattern, "cases": len(records) - len(kept)}
+    return kept, {**env, "reruns": env.get("reruns", []) + [rerun]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
@@ -276,10 +293,14 @@ def main(argv=None) -> int:
                         help="start no case after this many seconds (the JSON says how many ran)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the sweep in --out: keep its cases, run the rest of the list")
+    parser.add_argument("--rerun", default=None, metavar="REGEX",
+                        help="with --resume: run again the kept cases whose names match this regular expression")
     parser.add_argument("--list", action="store_true", help="print the case list and exit (no GPU)")
     args = parser.parse_args(argv)
     if args.resume and not args.out:
         parser.error("--resume needs --out (the sweep to continue)")
+    if args.rerun is not None and not args.resume:
+        parser.error("--rerun needs --resume (the sweep whose cases it re-times)")
     cases = sweep_cases(args.cases, args.quick)
     if args.list:
         for i, case in enumerate(cases):
@@ -294,6 +315,8 @@ def main(argv=None) -> int:
     records = []
     if args.resume:
         records, env = resumed(args.out, env)
+    if args.rerun is not None:
+        records, env = dropped(records, env, args.rerun)
     print(f"# {env}", flush=True)
     meter, start, earlier_s = LimitMeter(args.reps, args.settle), time.perf_counter(), env.get("wall_s", 0.0)
     done = {rec["name"] for rec in records}

@@ -94,7 +94,11 @@ def summarize(cases: list, kind: str = "bf16") -> dict:
 
 
 def _cases(names: list) -> str:
-    return f"{len(names)} case{'' if len(names) == 1 else 's'}"
+    return _count_cases(len(names))
+
+
+def _count_cases(count: int) -> str:
+    return f"{count} case{'' if count == 1 else 's'}"
 
 
 def _confirmed(env: dict) -> str:
@@ -108,6 +112,12 @@ def _confirmed(env: dict) -> str:
                 f"figures are the medians of {rounds + 1} samples.")
     return (f" The {env['confirmed']} cases lowest against the limit were timed {again}, path and limit "
             f"alternating: their figures are the medians of {rounds + 1} samples.")
+
+
+def _reruns(env: dict) -> str:
+    """Which run re-timed which kept cases (``benchmarks.sweep --rerun``)."""
+    return "".join(f" Run {r['run']} re-timed the {_count_cases(r['cases'])} matching `{r['pattern']}`."
+                   for r in env.get("reruns", []))
 
 
 def _case_count(env: dict, summary: dict) -> str:
@@ -124,7 +134,7 @@ def render(result: dict) -> str:
     lines = [f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date'].split()[0]}; {k.label}; "
              f"{_case_count(env, s)}; each path and each part of the "
              f"limit replayed for {env.get('settle_s', 0):g} s, then median of {env.get('reps', '?')} "
-             f"CUDA-graph replays." + _confirmed(env), ""]
+             f"CUDA-graph replays." + _confirmed(env) + _reruns(env), ""]
     if "eff_limit" not in s:
         return "\n".join(lines + ["No case ran."]) + "\n"
     e, f = s["eff_limit"], s.get("eff_floor")

@@ -28,7 +28,9 @@
 #   sweep_fp8:     benchmarks.sweep --fp8, the same layouts on the FP8 experts op against the bf16 one
 #                  and the FP8 limit (sweep_fp8.json; same SWEEP_ARGS and SWEEP_SECONDS).
 #                  SWEEP_ARGS="--resume" continues the sweep JSON already in $OUT (e.g. a copy of
-#                  the committed results of a run cut short) instead of starting over
+#                  the committed results of a run cut short) instead of starting over;
+#                  SWEEP_ARGS="--resume --rerun ^h7168-i4096" also re-times its cases of that model
+#                  (a regular expression without spaces: SWEEP_ARGS is split on them)
 # PYTEST_K / FUZZ_K: a pytest -k filter for the test steps / the fuzz step (a re-run of what a
 # change touched).
 #

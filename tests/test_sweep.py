@@ -132,6 +132,41 @@ def test_resume_runs_the_rest_and_confirms_only_the_unconfirmed(monkeypatch, tmp
         sweep.main(["--quick", "--fp8", "--out", str(out), "--resume"])
 
 
+def test_rerun_times_again_the_kept_cases_it_matches(monkeypatch, tmp_path, capsys):
+    """``--resume --rerun REGEX``: the kept cases whose names match run again (new figures, no old
+    confirmation), the others keep theirs; ``env`` and the summary say which run re-timed which."""
+    import json
+
+    from benchmarks import sweep_summary
+
+    cases = sweep_cases(120, quick=True)
+    ran, times = [], {}
+
+    def fake_run_case(case, meter, reps, settle_s, kind):
+        ran.append(case.name)
+        return _record(case.name, times.get(case.name, 100.0), 60.0, 10.0)
+
+    _without_gpu(monkeypatch, fake_run_case, lambda *args: {"moonep_us": [], "gemm_us": [], "read_us": []})
+    out = tmp_path / "sweep.json"
+    assert sweep.main(["--quick", "--confirm-rounds", "0", "--out", str(out)]) == 0
+    ran.clear()
+    times[cases[2].name] = 80.0
+    pattern = "^" + cases[2].name.replace(" ", r"\s")
+    assert sweep.main(["--quick", "--confirm-rounds", "0", "--out", str(out), "--resume", "--rerun", pattern]) == 0
+    assert ran == [cases[2].name]
+    result = json.loads(out.read_text())
+    by_name = {rec["name"]: rec for rec in result["cases"]}
+    assert len(by_name) == len(cases) and by_name[cases[2].name]["moonep"]["us"] == 80.0
+    assert by_name[cases[1].name]["moonep"]["us"] == 100.0
+    assert result["env"]["reruns"] == [{"run": 2, "pattern": pattern, "cases": 1}]
+    assert f"Run 2 re-timed the 1 case matching `{pattern}`." in sweep_summary.render(result)
+    with pytest.raises(SystemExit, match=r"--rerun '\(': not a regular expression"):
+        sweep.main(["--quick", "--out", str(out), "--resume", "--rerun", "("])
+    with pytest.raises(SystemExit):
+        sweep.main(["--quick", "--out", str(out), "--rerun", "x"])
+    assert "--rerun needs --resume" in capsys.readouterr().err
+
+
 def test_no_confirmation_is_rendered_as_none():
     from benchmarks import sweep_summary
 
