@@ -207,20 +207,20 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, cu_ptr, rw_ptr, G, NUM_ROWS, K, st
         for block in range(tl.program_id(0), tl.cdiv(live_end, BLOCK_R), tl.num_programs(0)):
             rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
             _quantize_row_block(x_ptr, q_ptr, s_ptr, rw_ptr, rows, live_end, K, stride_xm, stride_xk, stride_qm,
-                                stride_sm, GROUPS_PER_PROGRAM, WIDTH, BY_WEIGHT)
+                                stride_sm, BLOCK_R, GROUPS_PER_PROGRAM, WIDTH, BY_WEIGHT)
     else:
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         if tl.program_id(0) * BLOCK_R < live_end:
             _quantize_row_block(x_ptr, q_ptr, s_ptr, rw_ptr, rows, live_end, K, stride_xm, stride_xk, stride_qm,
-                                stride_sm, GROUPS_PER_PROGRAM, WIDTH, BY_WEIGHT)
+                                stride_sm, BLOCK_R, GROUPS_PER_PROGRAM, WIDTH, BY_WEIGHT)
 
 
 @triton.jit
 def _quantize_row_block(x_ptr, q_ptr, s_ptr, rw_ptr, rows, live_end, K, stride_xm, stride_xk, stride_qm, stride_sm,
-                        GROUPS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr, BY_WEIGHT: tl.constexpr):
-    """A row block's ``rows`` below ``live_end`` (and of route weight other than 0), this
-    program's run of column groups."""
-    BLOCK_R: tl.constexpr = rows.shape[0]
+                        BLOCK_R: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr, WIDTH: tl.constexpr,
+                        BY_WEIGHT: tl.constexpr):
+    """A row block's ``BLOCK_R`` ``rows`` below ``live_end`` (and of route weight other than 0),
+    this program's run of column groups."""
     read = rows < live_end
     if BY_WEIGHT:
         read = read & (tl.load(rw_ptr + rows, mask=read, other=0.0) != 0.0)
