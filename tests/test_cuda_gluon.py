@@ -286,21 +286,13 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
         fused_cfg = gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
         every_last_tile = fused_cfg.skip_idle_half and not fused_cfg.skip_lone_tiles_only
         assert every_last_tile == fused_cfg.handoff == (layout.nvs == 13312)
-        x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
-        rw = zero_padding_rows(layout, rw)
-        out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
-        ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
-        assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
-        assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
-        pad = rw[:layout.total] == 0
-        assert torch.equal(out[:layout.total][pad], torch.zeros_like(out[:layout.total][pad]))
+        _assert_experts_match(layout, *_padding_weighted_inputs(layout))
 
     layout = _padded("wide_fused_rw0", (3000, 0, 100, 7), 128, extra_tail=40960 - 3328, k=256, n=320)
     cfg = gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
     assert cfg.skip_idle_half and cfg.takes_out_tail
     assert gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).skip_idle_half  # its down GEMM
-    x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
-    rw = zero_padding_rows(layout, rw)
+    x, w_gate, w_up, w_down, cu, rw = _padding_weighted_inputs(layout)
     pad = rw[:layout.total] == 0
     act = moonep_ops.grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu)
     ref = grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)
@@ -311,24 +303,31 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
     from .fuzz_strategies import poison_allocator
 
     poison_allocator([((layout.nvs, layout.k), torch.bfloat16), ((layout.nvs, layout.n), torch.bfloat16)], "cuda")
-    out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
-    ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
-    assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
-    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
-    assert torch.equal(out[:layout.total][pad], torch.zeros_like(out[:layout.total][pad]))
+    _assert_experts_match(layout, x, w_gate, w_up, w_down, cu, rw)
 
 
 def test_experts_of_i4096_take_wide_down_tiles():
     """I = 4096 (K = 4096 in the down GEMM, N >= 4096) from 64 rows per group: the down GEMM runs
     cooperative 128x256 tiles with the idle-half skip, as kimi-k2's does; float64 reference, zero
     tail, zero padding rows."""
-    import moonep_ops
-
     layout = _padded("i4096", (100, 0, 130, 250, 65), 128, extra_tail=300, k=4096, n=4096)
     cfg = gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False, groups=layout.num_groups)
     assert (cfg.block_n, cfg.pingpong, cfg.skip_idle_half) == (256, False, True)
+    _assert_experts_match(layout, *_padding_weighted_inputs(layout))
+
+
+def _padding_weighted_inputs(layout):
+    """bf16 experts inputs of ``layout`` on the GPU, its padding rows zero with route weight 0 (as
+    dispatch writes them)."""
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
-    rw = zero_padding_rows(layout, rw)
+    return x, w_gate, w_up, w_down, cu, zero_padding_rows(layout, rw)
+
+
+def _assert_experts_match(layout, x, w_gate, w_up, w_down, cu, rw):
+    """``moonep_experts`` against the float64 reference on the live rows; its tail and the padding
+    rows (route weight 0) exactly zero."""
+    import moonep_ops
+
     out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
     ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
     assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
