@@ -23,6 +23,10 @@ def test_config_table_picks_each_consumer_scheme():
     assert not pick(2048, 7168, 45056, fused=True).group_major
     assert pick(768, 2048, 33024, fused=True).pingpong  # qwen3 S=64 gate/up
     assert not pick(768, 2048, 48896, fused=True).pingpong  # qwen3 S=2048 gate/up (power-bound)
+    assert not pick(768, 2048, 48896, fused=True, groups=132).pingpong  # (370 rows per group)
+    # A padded decode buffer as large (qwen3-30b-a3b over 1000 groups: 254 rows per group) keeps
+    # S=64's ping-pong config.
+    assert pick(768, 2048, 253568, fused=True, groups=1000) == pick(768, 2048, 33024, fused=True, groups=132)
     assert pick(5120, 8192, 6144, fused=False).pingpong  # llama4 down (K = 8192)
     # Long fused reductions (K >= 5120) below 8192 rows: cooperative where the segments fill row
     # tiles (llama4, 307 rows per group padded, 102 unpadded), ping-pong where they are a few rows

@@ -98,13 +98,24 @@ class GluonConfig:
 # cases that had no skip: -2 to -9% on padded decode and unpadded qwen3-sized shapes, the rest within
 # noise; the skip of every segment's last tile lost up to 13% on unpadded compute-bound ones).
 TINY_SEGMENT_ROWS = 64
+# Rows per group above which a buffer of small experts holds segments of several row tiles: two
+# 128-row tiles. MoonEP's padding reserves up to 2 x 127 rows per expert, so padded decode buffers
+# sit at or just under it (qwen3 S=64: 250 rows per group, a layout-sweep case of 16 real rows per
+# group: 256; unpadded qwen3 S=4096 over 132 groups: 248). In the FP8 GEMMs, 64-row items on split
+# rings keep both consumers on live tiles there (split rows: 6%, 2% and 4% slower on those); above
+# it split rows read each weight tile once for both consumers (6-12% faster on padded qwen3 S=512
+# to 8192 and the layout sweep's padded qwen3-30b cases of 272-420 rows per group;
+# docs/fp8_measurements.md). The bf16 fused GEMM of large buffers keeps ping-pong at or under it
+# (a padded decode buffer of 1000 groups: 7% faster than the cooperative tiles of prefill).
+MULTI_TILE_ROWS = 256
 
 
 def gluon_gemm_config(n: int, k: int, num_rows: int, fused: bool, groups: int = 0) -> GluonConfig:
     """The config for ``[num_rows, n]`` outputs with reduction ``k`` (``fused``: the gate/up GEMM)
     over ``groups`` segments (0: unknown)."""
     tiny = num_rows < TINY_SEGMENT_ROWS * groups
-    cfg = _table_config(n, k, num_rows, fused, tiny)
+    decode_sized = groups > 0 and num_rows <= MULTI_TILE_ROWS * groups  # (groups 0: unknown)
+    cfg = _table_config(n, k, num_rows, fused, tiny, decode_sized)
     if not cfg.skip_idle_half and not (fused and _long_fused(k, num_rows)):
         cfg = dataclasses.replace(cfg, skip_idle_half=True, skip_lone_tiles_only=not tiny)
     return cfg
@@ -116,7 +127,7 @@ def _long_fused(k: int, num_rows: int) -> bool:
     return k >= 4096 and num_rows >= 8192
 
 
-def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> GluonConfig:
+def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool, decode_sized: bool) -> GluonConfig:
     # The producer zeroes the tail between its loads where the reduction is long; with a short
     # one its small stores cost more than the consumers' zeros after their items.
     tail_by_producer = k >= 2048
@@ -132,9 +143,11 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> Glu
             # with few groups): cooperative too, with the lone-tile skip below. At H = 4096
             # (qwen3-235b) it gained nowhere, so those keep ping-pong.
             return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer)
-        if num_rows >= 40960:
-            # Large capacities with H < 4096: cooperative 128x(128+128) tiles; the output tail is
-            # zeroed here, where the fused GEMM leaves DRAM write bandwidth.
+        if num_rows >= 40960 and not decode_sized:
+            # Large prefill buffers with H < 4096: cooperative 128x(128+128) tiles; the output tail
+            # is zeroed here, where the fused GEMM leaves DRAM write bandwidth. Padded decode
+            # buffers of many groups (segments of one 128-row tile) keep ping-pong's 64-column
+            # accumulators, as in smaller buffers.
             return GluonConfig(block_n=128, stages=4, pingpong=False, tail_by_producer=tail_by_producer,
                                skip_idle_half=True, takes_out_tail=True)
         # two accumulators of 64 columns per warpgroup
@@ -163,14 +176,6 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool) -> Glu
 # 42M). Smaller experts (qwen3-30b-a3b: 1.6M and 3.1M, qwen3-235b-a22b's down GEMM: 6.3M) do so only
 # in buffers of more than ``MULTI_TILE_ROWS`` rows per group.
 LARGE_EXPERT = 8 << 20
-# Rows per group above which a buffer of small experts holds segments of several row tiles: two
-# 128-row tiles. MoonEP's padding reserves up to 2 x 127 rows per expert, so padded decode buffers
-# sit at or just under it (qwen3 S=64: 250 rows per group, a layout-sweep case of 16 real rows per
-# group: 256; unpadded qwen3 S=4096 over 132 groups: 248). There, 64-row items on split rings keep
-# both consumers on live tiles (split rows: 6%, 2% and 4% slower on those); above it split rows read
-# each weight tile once for both consumers (6-12% faster on padded qwen3 S=512 to 8192 and the
-# layout sweep's padded qwen3-30b cases of 272-420 rows per group; docs/fp8_measurements.md).
-MULTI_TILE_ROWS = 256
 # Rows per group from which the FP8 GEMMs of large experts under ``TINY_SEGMENT_ROWS`` rows per group
 # are two launches (split rings, then split rows; the kernels' scan picks the one that works). The
 # launch that takes nothing costs a few µs; below this the buffers measured were decode (segments of
