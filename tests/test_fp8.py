@@ -680,6 +680,36 @@ def test_cuda_row_quantization_matches_the_semantics(groups_per_program, width, 
     assert (q[~read].float() == 2.0).all() and (s[~read] == -1.0).all()
 
 
+@pytest.mark.parametrize("rows, k, grid, strided", [
+    (65152, 7168, (5851, 7), True),  # top-8 over 260 groups of kimi-k2's size, S=16: capped programs
+    (253568, 2048, (8192, 2), True),  # top-8 over 1000 groups of qwen3-30b-a3b's size, S=64: capped rows
+    (13312, 7168, (1664, 7), False),  # the benchmark's padded kimi-k2 decode
+    (33024, 2048, (4128, 2), False),  # the benchmark's padded qwen3-30b-a3b S=64
+    (45056, 7168, (5632, 7), False),  # the benchmark's padded kimi-k2 prefill: its largest grid
+])
+def test_row_quantization_grid_stays_within_max_programs(monkeypatch, rows, k, grid, strided):
+    """The quantization's grid: a program per 8-row block and run of up to eight column groups,
+    at most ``MAX_ROW_BLOCKS`` row blocks and ``MAX_PROGRAMS`` programs; a capped grid's programs
+    step over the other row blocks (``STRIDED``). Launches recorded on meta tensors: no kernel runs."""
+    pytest.importorskip("triton")
+    from moonep_ops.kernels.triton import grouped_gemm_fp8
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, launch_grid):
+            return lambda *args, **constexprs: launches.append((launch_grid, constexprs["STRIDED"]))
+
+    monkeypatch.setattr(grouped_gemm_fp8, "quantize_rows_kernel", Recorder())
+    x = torch.empty(rows, k, dtype=torch.bfloat16, device="meta")
+    q = torch.empty(rows, k, dtype=FP8, device="meta")
+    scale = torch.empty(rows, -(-k // 128), device="meta")
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    grouped_gemm_fp8.quantize_rows(x, cu, q, scale, torch.empty(rows, device="meta"))
+    assert launches == [(grid, strided)]
+    assert grid[0] <= grouped_gemm_fp8.MAX_ROW_BLOCKS and grid[0] * grid[1] <= grouped_gemm_fp8.MAX_PROGRAMS
+
+
 @pytest.mark.parametrize("cols", [1, 127, 128, 200, 1001])
 def test_quantize_rows(cols):
     x = torch.randn(9, cols).to(torch.bfloat16)

@@ -240,21 +240,26 @@ def _quantize_row_block(x_ptr, q_ptr, s_ptr, rw_ptr, rows, live_end, K, stride_x
                      mask=read[:, None] & (groups < num_groups)[None, :])
 
 
-# Row blocks of the quantization's grid at most (65536 rows: every benchmark shape's buffer fits).
-# Larger buffers hold mostly padding reserve past cu_seqlens[-1] in decode (a top-8 call of 512 rows
-# over 1000 groups: 253568), where a program per row block launched tens of thousands that found
-# nothing to do.
+# The quantization's grid at most: 8192 row blocks (65536 rows) and 40960 programs (row blocks
+# times column runs: 5851 row blocks at K = 7168, seven runs). Larger buffers hold mostly padding
+# reserve past cu_seqlens[-1] in decode (a top-8 call of 512 rows over 1000 groups: 253568 rows; of
+# 128 rows over 260 groups of kimi-k2's size: 65152), where a program per row block and run
+# launched tens of thousands that found nothing to do. Every benchmark shape's grid fits (at most
+# 39424 programs, padded kimi-k2 prefill): there a capped grid's programs stepping over the live
+# row blocks took 1-2 µs longer (docs/fp8_measurements.md).
 MAX_ROW_BLOCKS = 8192
+MAX_PROGRAMS = 40960
 
 
 def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_program=None, width=4,
-                  max_row_blocks=MAX_ROW_BLOCKS) -> None:
+                  max_row_blocks=None) -> None:
     """``q`` (e4m3, contiguous ``[NvS, K]``) and ``scale`` (fp32 ``[NvS, cdiv(K, 128)]``) from the
     live rows of ``x``. ``route_weights`` (the experts op's, contiguous): a row of weight 0 is
     left unread and unwritten (stale bytes: the fused epilogue zeroes its ``act`` row).
     ``groups_per_program``: the 128-column groups of a program (None: by the grid's size), rounded
     up to a multiple of ``width``, the groups of one load (a power of 2). ``max_row_blocks``: the
-    grid's row blocks at most (a program then takes every so many)."""
+    grid's row blocks at most (a program then takes every so many; None: ``MAX_ROW_BLOCKS``, or
+    fewer where the grid would pass ``MAX_PROGRAMS``)."""
     num_rows, k = x.shape
     if num_rows == 0 or k == 0:
         return
@@ -271,7 +276,10 @@ def quantize_rows(x, cu_seqlens, q, scale, route_weights=None, groups_per_progra
     per_program = min(groups_per_program, groups)
     width = min(width, triton.next_power_of_2(per_program))
     per_program = triton.cdiv(per_program, width) * width
-    grid = (min(row_blocks, max_row_blocks), triton.cdiv(groups, per_program))
+    runs = triton.cdiv(groups, per_program)
+    if max_row_blocks is None:
+        max_row_blocks = min(MAX_ROW_BLOCKS, MAX_PROGRAMS // runs)
+    grid = (min(row_blocks, max_row_blocks), runs)
     quantize_rows_kernel[grid](x, q, scale, cu_seqlens, x if route_weights is None else route_weights,
                                cu_seqlens.shape[0], num_rows, k, x.stride(0), x.stride(1), q.stride(0),
                                scale.stride(0), BLOCK_R=block_r, GROUPS_PER_PROGRAM=per_program, WIDTH=width,
