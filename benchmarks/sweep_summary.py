@@ -93,11 +93,7 @@ def summarize(cases: list, kind: str = "bf16") -> dict:
     return summary
 
 
-def _cases(names: list) -> str:
-    return _count_cases(len(names))
-
-
-def _count_cases(count: int) -> str:
+def _cases(count: int) -> str:
     return f"{count} case{'' if count == 1 else 's'}"
 
 
@@ -116,7 +112,7 @@ def _confirmed(env: dict) -> str:
 
 def _reruns(env: dict) -> str:
     """Which run re-timed which kept cases (``benchmarks.sweep --rerun``)."""
-    return "".join(f" Run {r['run']} re-timed the {_count_cases(r['cases'])} matching `{r['pattern']}`."
+    return "".join(f" Run {r['run']} re-timed the {_cases(r['cases'])} matching `{r['pattern']}`."
                    for r in env.get("reruns", []))
 
 
@@ -146,9 +142,9 @@ def render(result: dict) -> str:
     if "speedup" in s:
         sp = s["speedup"]
         lines.append(f"{k.versus}: geometric mean {sp['geomean']:.2f}× ({sp['min']:.2f}–{sp['max']:.2f}×).")
-    problems = [f"{_cases(s['errors'])} without a {k.ours} time, an error instead ({', '.join(s['errors'])})"
+    problems = [f"{_cases(len(s['errors']))} without a {k.ours} time, an error instead ({', '.join(s['errors'])})"
                 if s["errors"] else "",
-                f"{_cases(s['check_failures'])} failed the output check ({', '.join(s['check_failures'])})"
+                f"{_cases(len(s['check_failures']))} failed the output check ({', '.join(s['check_failures'])})"
                 if s["check_failures"] else ""]
     if any(problems):
         lines.append("; ".join(p for p in problems if p) + ".")

@@ -11,6 +11,7 @@ the same suite on the Triton kernels. Which GEMM goes where is pinned on CPU in 
 import pytest
 import torch
 
+import moonep_ops
 from moonep_ops.kernels.cuda import paths
 from moonep_ops.kernels.gluon.config import gluon_gemm_config
 from .layouts import Layout, _padded, experts_inputs, grouped_gemm_inputs, zero_padding_rows
@@ -146,8 +147,6 @@ def test_invalid_cu_seqlens_do_not_fault():
 def test_public_ops_same_tensor_for_gate_and_up_and_empty_reduction():
     """Edges of the routing to these kernels: ``w_up is w_gate`` is still the fused GEMM, and an
     empty reduction (K = 0, which TMA cannot describe) takes the Triton kernel: zeros."""
-    import moonep_ops
-
     layout = Layout("edge", (130, 0, 70), 256, k=64, n=64)
     x, w_gate, _, _, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
     out = moonep_ops.grouped_gemm_silu_mul(x, w_gate, w_gate, rw, cu)
@@ -164,8 +163,6 @@ def test_public_ops_through_the_power_bound_configs():
     fused op with NvS >= 40960 and H < 4096, which takes the 128x(128+128) cooperative ones.
     Tails are NaN in the inputs; every live row is compared to float64 and the tail must come
     back zero."""
-    import moonep_ops
-
     layout = _padded("down_k2048", (100, 0, 130, 250), 128, extra_tail=300, k=4104, n=2048)
     assert gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False).block_n == 256
     x, w_gate, w_up, w_down, cu, rw = experts_inputs(layout, torch.bfloat16, "cuda")
@@ -275,8 +272,6 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
     weights (and at NvS 13312 its fused GEMM too, with the row-tile handoff), and the fused op at
     NvS >= 40960 (H < 4096), whose experts op's down GEMM skips as well. float64 references, zero
     tails, zero padding rows."""
-    import moonep_ops
-
     # NvS 940; NvS 13312, where the fused GEMM skips too (and hands its row tiles to the down GEMM);
     # NvS 16384, where the down GEMM also has a split epilogue (four stages)
     for extra_tail, split in ((300, False), (13312 - 768, False), (16384 - 768, True)):
@@ -326,8 +321,6 @@ def _padding_weighted_inputs(layout):
 def _assert_experts_match(layout, x, w_gate, w_up, w_down, cu, rw):
     """``moonep_experts`` against the float64 reference on the live rows; its tail and the padding
     rows (route weight 0) exactly zero."""
-    import moonep_ops
-
     out = moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
     ref = experts_ref(x, w_gate, w_up, w_down, cu, rw)
     assert rel_err(out[:layout.total], ref[:layout.total]) <= TOLERANCE[torch.bfloat16]
