@@ -193,16 +193,14 @@ def run_case(shape, padding, variants, fp8: bool, rounds: int, reps: int, settle
 
 def sweep_problems(names: str) -> list:
     """``(shape, padding, layout)`` of the layout-sweep cases named in ``names`` (``;`` between)."""
-    from .sweep import DEFAULT_CASES
-    from .sweep_cases import sweep_cases
+    from .sweep_cases import case_from_name
 
-    known = {case.name: case for case in sweep_cases(DEFAULT_CASES)}
     problems = []
     for name in filter(None, (n.strip() for n in names.split(";"))):
-        if name not in known:
-            raise ValueError(f"benchmarks.ab: no layout-sweep case is named {name!r} "
-                             f"(python -m benchmarks.sweep --list prints them)")
-        case = known[name]
+        try:
+            case = case_from_name(name)
+        except ValueError as exc:
+            raise ValueError(f"benchmarks.ab: {exc} (python -m benchmarks.sweep --list prints the cases)") from None
         problems.append((case.shape(), case.token_padding, {"seed": case.seed, "skew": case.skew}))
     return problems
 

@@ -44,8 +44,7 @@ import torch
 
 import moonep_ops
 from benchmarks.shapes import SHAPES, build_problem
-from benchmarks.sweep import DEFAULT_CASES
-from benchmarks.sweep_cases import sweep_cases
+from benchmarks.sweep_cases import case_from_name
 
 
 def main(argv=None) -> int:
@@ -149,11 +148,11 @@ def kernel_times(kernels, calls: int, replays: int):
 
 
 def sweep_case(name: str, parser):
-    """The layout-sweep case called ``name`` (the default list, anchors included)."""
-    cases = {case.name: case for case in sweep_cases(DEFAULT_CASES)}
-    if name not in cases:
-        parser.error(f"no layout-sweep case named {name!r} (python -m benchmarks.sweep --list names them)")
-    return cases[name]
+    """The layout-sweep case called ``name`` (of any draw's list: :func:`case_from_name`)."""
+    try:
+        return case_from_name(name)
+    except ValueError as exc:
+        parser.error(f"{exc} (python -m benchmarks.sweep --list names the cases)")
 
 
 if __name__ == "__main__":

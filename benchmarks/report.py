@@ -16,13 +16,17 @@ With ``--sweep``, the layout sweep's summary (``benchmarks.sweep --out``, render
 --out``, rendered by :mod:`benchmarks.fp8_table`) between ``<!-- fp8-table:begin -->`` and
 ``<!-- fp8-table:end -->`` in docs/fp8.md. With ``--fp8-sweep``, the FP8 layout sweep's summary
 (``benchmarks.sweep --fp8 --out``) between ``<!-- fp8-sweep:begin -->`` and ``<!-- fp8-sweep:end -->``
-in docs/fp8.md. No GPU and no torch needed.
+in docs/fp8.md. With ``--heldout-sweep``, the summary of the layout sweep on a held-out list
+(``benchmarks.sweep --case-seed 1 --out``) between ``<!-- heldout-sweep:begin -->`` and
+``<!-- heldout-sweep:end -->`` in docs/performance.md. No GPU and no torch needed.
 
     python -m benchmarks.report [--results benchmarks/results/bench_h200.json] [--readme README.md]
     python -m benchmarks.report --check    # exit 1 if the README's table is not what the JSON gives
     python -m benchmarks.report --stdout   # print the table only (scripts/gpu_check.sh's bench step)
     python -m benchmarks.report --sweep [--results benchmarks/results/sweep_h200.json]
                                 [--readme docs/performance.md] [--check | --stdout]
+    python -m benchmarks.report --heldout-sweep [--results benchmarks/results/sweep_heldout_h200.json]
+                                        [--readme docs/performance.md] [--check | --stdout]
     python -m benchmarks.report --fp8 [--results benchmarks/results/fp8_h200.json]
                               [--readme docs/fp8.md] [--check | --stdout]
     python -m benchmarks.report --fp8-sweep [--results benchmarks/results/sweep_fp8_h200.json]
@@ -50,9 +54,13 @@ FP8_BEGIN = "<!-- fp8-table:begin -->"
 FP8_END = "<!-- fp8-table:end -->"
 FP8_SWEEP_BEGIN = "<!-- fp8-sweep:begin -->"
 FP8_SWEEP_END = "<!-- fp8-sweep:end -->"
+HELDOUT_BEGIN = "<!-- heldout-sweep:begin -->"
+HELDOUT_END = "<!-- heldout-sweep:end -->"
 # each mode's JSON (in benchmarks/results), file, region markers and the option that picks it
 MODES = {"readme": ("bench_h200.json", "README.md", BEGIN, END, ""),
          "sweep": ("sweep_h200.json", "docs/performance.md", SWEEP_BEGIN, SWEEP_END, " --sweep"),
+         "heldout_sweep": ("sweep_heldout_h200.json", "docs/performance.md", HELDOUT_BEGIN, HELDOUT_END,
+                           " --heldout-sweep"),
          "fp8": ("fp8_h200.json", "docs/fp8.md", FP8_BEGIN, FP8_END, " --fp8"),
          "fp8_sweep": ("sweep_fp8_h200.json", "docs/fp8.md", FP8_SWEEP_BEGIN, FP8_SWEEP_END, " --fp8-sweep")}
 BASE, OURS = "vllm", "moonep"  # the paths of benchmarks/paths.py the table compares
@@ -144,12 +152,14 @@ def _parse(argv):
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--sweep", action="store_true",
                        help="the layout sweep's summary into docs/performance.md instead of the README table")
+    which.add_argument("--heldout-sweep", action="store_true",
+                       help="the held-out layout sweep's summary into docs/performance.md instead of the README table")
     which.add_argument("--fp8", action="store_true", help="the FP8 table into docs/fp8.md instead of the README table")
     which.add_argument("--fp8-sweep", action="store_true",
                        help="the FP8 layout sweep's summary into docs/fp8.md instead of the README table")
     parser.add_argument("--results", default=None,
-                        help="the JSON (default benchmarks/results/bench_h200.json, sweep_h200.json, fp8_h200.json "
-                             "or sweep_fp8_h200.json)")
+                        help="the JSON (default benchmarks/results/bench_h200.json, sweep_h200.json, "
+                             "sweep_heldout_h200.json, fp8_h200.json or sweep_fp8_h200.json)")
     parser.add_argument("--readme", "--doc", dest="readme", default=None,
                         help="the file to write (default README.md, docs/performance.md or docs/fp8.md)")
     parser.add_argument("--padding", type=int, default=128, help="the token_padding whose rows the table shows")
@@ -161,7 +171,8 @@ def _parse(argv):
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    mode = "sweep" if args.sweep else "fp8" if args.fp8 else "fp8_sweep" if args.fp8_sweep else "readme"
+    flags = {"sweep": args.sweep, "heldout_sweep": args.heldout_sweep, "fp8": args.fp8, "fp8_sweep": args.fp8_sweep}
+    mode = next((name for name, on in flags.items() if on), "readme")
     json_name, doc, begin, end, flag = MODES[mode]
     results = pathlib.Path(args.results or ROOT / "benchmarks" / "results" / json_name)
     target = pathlib.Path(args.readme or ROOT / doc)

@@ -41,9 +41,11 @@ model), those are re-timed without the rest; the JSON's ``env`` and the rendered
 
     python -m benchmarks.sweep [--out sweep.json] [--fp8] [--quick] [--cases 120] [--reps 50] [--settle 0.3]
                                [--confirm 8] [--confirm-rounds 2] [--max-seconds S] [--resume [--rerun REGEX]]
-                               [--list]
+                               [--case-seed N] [--list]
     python -m benchmarks.report --sweep --results sweep.json   # the summary into docs/performance.md
     python -m benchmarks.report --fp8-sweep --results sweep_fp8.json   # the FP8 sweep's into docs/fp8.md
+    python -m benchmarks.sweep --case-seed 1 --out sweep_heldout.json    # a held-out list of layouts
+    python -m benchmarks.report --heldout-sweep --results sweep_heldout.json   # into docs/performance.md
 """
 
 import argparse
@@ -295,13 +297,15 @@ def main(argv=None) -> int:
                         help="continue the sweep in --out: keep its cases, run the rest of the list")
     parser.add_argument("--rerun", default=None, metavar="REGEX",
                         help="with --resume: run again the kept cases whose names match this regular expression")
+    parser.add_argument("--case-seed", type=int, default=CASE_SEED,
+                        help=f"the draw's seed (default {CASE_SEED}; another: a held-out list of layouts)")
     parser.add_argument("--list", action="store_true", help="print the case list and exit (no GPU)")
     args = parser.parse_args(argv)
     if args.resume and not args.out:
         parser.error("--resume needs --out (the sweep to continue)")
     if args.rerun is not None and not args.resume:
         parser.error("--rerun needs --resume (the sweep whose cases it re-times)")
-    cases = sweep_cases(args.cases, args.quick)
+    cases = sweep_cases(args.cases, args.quick, args.case_seed)
     if args.list:
         for i, case in enumerate(cases):
             print(f"{i:3d} {case.name}")
@@ -310,7 +314,7 @@ def main(argv=None) -> int:
     from .timing import environment
 
     kind = "fp8" if args.fp8 else "bf16"
-    env = {**environment(), "kind": kind, "reps": args.reps, "settle_s": args.settle, "case_seed": CASE_SEED,
+    env = {**environment(), "kind": kind, "reps": args.reps, "settle_s": args.settle, "case_seed": args.case_seed,
            "cases_listed": len(cases), "quick": args.quick}
     records = []
     if args.resume:

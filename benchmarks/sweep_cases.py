@@ -23,6 +23,7 @@ No torch needed to list the cases.
 
 import dataclasses
 import random
+import re
 
 CASE_SEED = 0
 NUM_PREFETCH = 4
@@ -134,8 +135,30 @@ def drawn_cases(count: int, seed: int = CASE_SEED) -> list:
     return cases
 
 
-def sweep_cases(count: int, quick: bool = False) -> list:
-    """The sweep's list: the anchors, then drawn cases up to ``count`` in all (``quick``: anchors only)."""
+_NAME = re.compile(r"(\S+) K(\d+) G(\d+) epn(\d+) S(\d+) z([0-9.]+) p(\d+) s(\d+)")
+
+
+def case_from_name(name: str) -> Case:
+    """The case that ``name`` (:attr:`Case.name`) describes, from any draw's list or none: a
+    layout of the held-out list (``--case-seed``) is named as one of the default list is."""
+    match = _NAME.fullmatch(name.strip())
+    models = {m.name: m for m in MODELS}
+    if match is None or match[1] not in models:
+        raise ValueError(f"not a layout-sweep case name: {name!r} (e.g. {ANCHORS[0].name!r}; models: "
+                         f"{', '.join(models)})")
+    m = models[match[1]]
+    topk, groups, epn, tokens, padding, seed = (int(match[i]) for i in (2, 3, 4, 5, 7, 8))
+    case = Case(m.name, m.hidden, m.inter, topk, groups - NUM_PREFETCH, epn, tokens, float(match[6]), padding, seed)
+    if case.name != name.strip() or not 1 <= topk <= epn <= case.experts or padding < 1:
+        raise ValueError(f"not a layout-sweep case name: {name!r} (a case needs 1 <= K <= epn <= G - "
+                         f"{NUM_PREFETCH} and a padding of at least 1, written as {ANCHORS[0].name!r} is)")
+    return case
+
+
+def sweep_cases(count: int, quick: bool = False, seed: int = CASE_SEED) -> list:
+    """The sweep's list: the anchors, then drawn cases up to ``count`` in all (``quick``: anchors
+    only), drawn with ``seed`` (another than ``CASE_SEED``: a held-out list that no config rule was
+    measured on)."""
     if quick:
         return list(ANCHORS)
-    return list(ANCHORS) + drawn_cases(max(0, count - len(ANCHORS)))
+    return list(ANCHORS) + drawn_cases(max(0, count - len(ANCHORS)), seed)

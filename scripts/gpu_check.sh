@@ -23,7 +23,7 @@
 #   tune_backward: benchmarks.tune_backward, the backward configs; TUNE_ROLES picks roles
 #   sweep:         benchmarks.sweep, the layout sweep (about 6 minutes, then a minute re-timing its
 #                  lowest cases; JSON, log, and its summary into summary.txt); SWEEP_ARGS adds
-#                  arguments, e.g. "--quick"; stops starting cases after SWEEP_SECONDS (default 480),
+#                  arguments, e.g. "--quick", or "--case-seed 1" (the held-out list); stops starting cases after SWEEP_SECONDS (default 480),
 #                  so that one device command keeps its results
 #   sweep_fp8:     benchmarks.sweep --fp8, the same layouts on the FP8 experts op against the bf16 one
 #                  and the FP8 limit (sweep_fp8.json; same SWEEP_ARGS and SWEEP_SECONDS).

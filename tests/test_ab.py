@@ -130,8 +130,18 @@ def test_sweep_cases_by_name_keep_their_layout():
     assert [(shape.name, shape.hidden, padding, layout) for shape, padding, layout in problems] == [
         (case.name, case.hidden, case.token_padding, {"seed": case.seed, "skew": case.skew})
         for case in (first, second)]
-    with pytest.raises(ValueError, match=r"no layout-sweep case is named 'kimi' \(python -m benchmarks.sweep --list"):
+    with pytest.raises(ValueError, match=r"not a layout-sweep case name: 'kimi' .*\(python -m benchmarks.sweep --list"):
         ab.sweep_problems("kimi")
+
+
+def test_a_case_of_the_held_out_list_is_named_as_any_other():
+    from benchmarks.sweep_cases import sweep_cases
+
+    held_out = next(case for case in sweep_cases(120, seed=1) if case not in sweep_cases(120))
+    [(shape, padding, layout)] = ab.sweep_problems(held_out.name)
+    assert (shape.name, shape.num_groups, shape.topk, padding, layout) == (
+        held_out.name, held_out.groups, held_out.topk, held_out.token_padding,
+        {"seed": held_out.seed, "skew": held_out.skew})
 
 
 def _recording_run_case(record):

@@ -6,7 +6,7 @@ efficiency against it), the geometric mean, the eager host cost line, the rows o
 left out, a result without a limit, a README whose text outside the markers stays as it was; the
 sweep's worst case, spread and worst per bound; its deterministic case list; the FP8 table of
 docs/fp8.md (benchmarks/fp8_table.py) pinned whole, a path that failed shown as a dash, and the
-committed docs/fp8.md matching its JSON.
+committed docs matching their JSON.
 """
 
 import json
@@ -168,6 +168,20 @@ def test_main_writes_the_sweep_summary_into_its_doc(tmp_path):
     assert report.main(args + ["--check"]) == 0
 
 
+def test_the_held_out_sweep_has_its_own_region_of_the_same_doc(tmp_path):
+    from benchmarks import sweep_summary
+
+    held_out = {**SWEEP, "env": {**SWEEP["env"], "case_seed": 1}}
+    results, doc = tmp_path / "sweep.json", tmp_path / "performance.md"
+    results.write_text(json.dumps({**held_out, "summary": sweep_summary.summarize(SWEEP["cases"])}))
+    doc.write_text(SWEEP_DOC + "<!-- heldout-sweep:begin -->\nold\n<!-- heldout-sweep:end -->\n")
+    assert report.main(["--heldout-sweep", "--results", str(results), "--doc", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith(SWEEP_DOC)  # the default list's region untouched
+    region = text.split("<!-- heldout-sweep:begin -->")[1]
+    assert "old" not in region and "(case seed 1)" in region
+
+
 def test_the_sweep_case_list_is_fixed_and_covers_every_axis():
     from benchmarks import sweep_cases
 
@@ -185,6 +199,31 @@ def test_the_sweep_case_list_is_fixed_and_covers_every_axis():
     for c in cases:
         assert c.topk <= c.epn <= c.experts
         assert 3 * c.groups * c.hidden * c.inter * 2 <= sweep_cases.WEIGHT_CAP_BYTES
+
+
+def test_another_case_seed_draws_another_list_of_the_same_axes():
+    """``--case-seed``: a held-out list, the anchors first, every axis still covered."""
+    from benchmarks import sweep_cases
+
+    from benchmarks.sweep import DEFAULT_CASES
+
+    default, held_out = sweep_cases.sweep_cases(DEFAULT_CASES), sweep_cases.sweep_cases(DEFAULT_CASES, seed=1)
+    anchors = len(sweep_cases.ANCHORS)
+    assert held_out[:anchors] == default[:anchors] and len(set(held_out)) == DEFAULT_CASES
+    assert len(set(held_out[anchors:]) & set(default[anchors:])) < 10
+    assert {c.tokens for c in held_out} == set(sweep_cases.TOKENS)
+    assert {(c.hidden, c.inter) for c in held_out} == {(m.hidden, m.inter) for m in sweep_cases.MODELS}
+
+
+def test_a_case_name_gives_back_its_case():
+    from benchmarks import sweep_cases
+
+    for case in sweep_cases.sweep_cases(120) + sweep_cases.sweep_cases(120, seed=1):
+        assert sweep_cases.case_from_name(case.name) == case
+    for bad in ("kimi", "gpt K8 G20 epn16 S512 z0.8 p1 s1", "kimi-k2 K8 G20 epn16 S512 z0.80 p1 s1",
+                "kimi-k2 K8 G20 epn40 S512 z0.8 p1 s1", "kimi-k2 K8 G20 epn16 S512 z0.8 p0 s1"):
+        with pytest.raises(ValueError, match=f"not a layout-sweep case name: '{bad}'"):
+            sweep_cases.case_from_name(bad)
 
 
 def _fp8_path(us, limit_us):
@@ -245,8 +284,9 @@ def test_main_writes_the_fp8_table_into_its_doc(tmp_path, capsys):
     assert report.main(args + ["--check"]) == 0
 
 
-def test_the_committed_fp8_doc_matches_its_json():
-    assert report.main(["--fp8", "--check"]) == 0
+@pytest.mark.parametrize("mode", [[], ["--sweep"], ["--heldout-sweep"], ["--fp8"], ["--fp8-sweep"]])
+def test_each_committed_doc_matches_its_json(mode):
+    assert report.main(mode + ["--check"]) == 0
 
 
 def test_sweep_and_fp8_exclude_each_other():

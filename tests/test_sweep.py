@@ -167,6 +167,24 @@ def test_rerun_times_again_the_kept_cases_it_matches(monkeypatch, tmp_path, caps
     assert "--rerun needs --resume" in capsys.readouterr().err
 
 
+def test_a_case_seed_sweeps_the_held_out_list_and_resumes_only_it(monkeypatch, tmp_path):
+    import json
+
+    ran = []
+
+    def fake_run_case(case, meter, reps, settle_s, kind):
+        ran.append(case.name)
+        return _record(case.name, 100.0, 60.0, 10.0)
+
+    _without_gpu(monkeypatch, fake_run_case, lambda *args: {"moonep_us": [], "gemm_us": [], "read_us": []})
+    out = tmp_path / "sweep.json"
+    assert sweep.main(["--cases", "8", "--case-seed", "1", "--confirm-rounds", "0", "--out", str(out)]) == 0
+    assert ran == [case.name for case in sweep_cases(8, seed=1)] != [case.name for case in sweep_cases(8)]
+    assert json.loads(out.read_text())["env"]["case_seed"] == 1
+    with pytest.raises(SystemExit, match=r"holds another sweep \(case_seed 1 there, 0 here\)"):
+        sweep.main(["--cases", "8", "--out", str(out), "--resume"])
+
+
 def test_no_confirmation_is_rendered_as_none():
     from benchmarks import sweep_summary
 
