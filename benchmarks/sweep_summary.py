@@ -110,9 +110,15 @@ def _confirmed(env: dict) -> str:
             f"alternating: their figures are the medians of {rounds + 1} samples.")
 
 
+# A --rerun pattern longer than this is left to the JSON (its env's "reruns"): the summary names
+# how many cases each run re-timed.
+SHOWN_PATTERN = 80
+
+
 def _reruns(env: dict) -> str:
     """Which run re-timed which kept cases (``benchmarks.sweep --rerun``)."""
-    return "".join(f" Run {r['run']} re-timed the {_cases(r['cases'])} matching `{r['pattern']}`."
+    return "".join(f" Run {r['run']} re-timed the {_cases(r['cases'])} matching "
+                   + (f"`{r['pattern']}`." if len(r["pattern"]) <= SHOWN_PATTERN else "a pattern kept in the JSON.")
                    for r in env.get("reruns", []))
 
 

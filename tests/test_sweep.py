@@ -185,6 +185,18 @@ def test_a_case_seed_sweeps_the_held_out_list_and_resumes_only_it(monkeypatch, t
         sweep.main(["--cases", "8", "--out", str(out), "--resume"])
 
 
+def test_a_long_rerun_pattern_is_left_to_the_json():
+    from benchmarks import sweep_summary
+
+    records = [_record(case.name, 100.0, 60.0, 10.0) for case in sweep_cases(120, quick=True)]
+    long_pattern = "|".join(case.name for case in sweep_cases(120, quick=True))
+    env = {"gpu": "G", "torch": "t", "triton": "tr", "date": "d", "reps": 50, "settle_s": 0.3, "runs": 3,
+           "reruns": [{"run": 2, "pattern": "^kimi", "cases": 1}, {"run": 3, "pattern": long_pattern, "cases": 5}]}
+    text = sweep_summary.render({"env": env, "cases": records, "summary": sweep_summary.summarize(records)})
+    assert "Run 2 re-timed the 1 case matching `^kimi`. Run 3 re-timed the 5 cases matching a pattern kept in " \
+           "the JSON." in text and long_pattern not in text
+
+
 def test_no_confirmation_is_rendered_as_none():
     from benchmarks import sweep_summary
 
