@@ -280,7 +280,7 @@ def dropped(records: list, env: dict, pattern: str) -> tuple:
     return kept, {**env, "reruns": env.get("reruns", []) + [rerun]}
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--fp8", action="store_true", help="the FP8 experts op against the bf16 one and the FP8 limit")
@@ -300,6 +300,11 @@ def main(argv=None) -> int:
     parser.add_argument("--case-seed", type=int, default=CASE_SEED,
                         help=f"the draw's seed (default {CASE_SEED}; another: a held-out list of layouts)")
     parser.add_argument("--list", action="store_true", help="print the case list and exit (no GPU)")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.resume and not args.out:
         parser.error("--resume needs --out (the sweep to continue)")
@@ -323,6 +328,20 @@ def main(argv=None) -> int:
         records, env = dropped(records, env, args.rerun)
     print(f"# {env}", flush=True)
     meter, start, earlier_s = LimitMeter(args.reps, args.settle), time.perf_counter(), env.get("wall_s", 0.0)
+    _run_cases(cases, records, env, meter, args, kind, start, earlier_s)
+    _confirm_lowest(cases, records, meter, args, kind)
+    env.update(confirmed=sum("confirm" in rec for rec in records), confirm_rounds=args.confirm_rounds,
+               wall_s=earlier_s + time.perf_counter() - start)
+    result = {"env": env, "cases": records, "summary": summarize(records, kind)}
+    if args.out:
+        write(args.out, result)
+    print(render(result), end="")
+    return 0
+
+
+def _run_cases(cases, records, env, meter, args, kind: str, start: float, earlier_s: float) -> None:
+    """Times the listed cases not in ``records`` yet, appending each (and rewriting ``--out``),
+    until ``--max-seconds``."""
     done = {rec["name"] for rec in records}
     for i, case in enumerate(cases):
         if case.name in done:
@@ -337,6 +356,11 @@ def main(argv=None) -> int:
         env["wall_s"] = earlier_s + time.perf_counter() - start
         if args.out:
             write(args.out, {"env": env, "cases": records, "summary": summarize(records, kind)})
+
+
+def _confirm_lowest(cases, records, meter, args, kind: str) -> None:
+    """Times the ``--confirm`` cases lowest against the limit ``--confirm-rounds`` more times
+    (those an earlier run confirmed keep their samples)."""
     listed = {case.name: (i, case) for i, case in enumerate(cases)}
     for rec in lowest_cases(records, args.confirm if args.confirm_rounds > 0 else 0, kind):
         if "confirm" in rec:  # (by the run that --resume continues)
@@ -349,13 +373,6 @@ def main(argv=None) -> int:
             continue
         merge_confirmation(rec, samples, kind)
         print(f"confirmed {case_line(index, rec, kind)}", flush=True)
-    env.update(confirmed=sum("confirm" in rec for rec in records), confirm_rounds=args.confirm_rounds,
-               wall_s=earlier_s + time.perf_counter() - start)
-    result = {"env": env, "cases": records, "summary": summarize(records, kind)}
-    if args.out:
-        write(args.out, result)
-    print(render(result), end="")
-    return 0
 
 
 if __name__ == "__main__":
