@@ -348,6 +348,9 @@ class OpSpec:
     ``outputs(p)`` the expected ``(shape, dtype)`` of each, ``zeros(p, outs)`` the parts that
     must be exactly zero. ``op`` names the ``moonep`` op exercised directly (None for a
     composite of the public API); an entry whose op is not defined is left out.
+    ``rounded_ref(t, perturb)``: ``ref`` with each intermediate that the kernels store in the
+    input dtype (the expert path's ``act``) passed through ``perturb``, so that
+    :func:`condition_numbers` perturbs it as it perturbs the inputs; None: there is none.
     """
 
     name: str
@@ -358,6 +361,7 @@ class OpSpec:
     zeros: Callable[[Problem, list], list] = tail_rows
     op: Optional[str] = "__name__"
     dtypes: tuple = DTYPES
+    rounded_ref: Optional[Callable[[dict, Callable], object]] = None
 
     @property
     def moonep_op(self) -> Optional[str]:
@@ -433,6 +437,14 @@ def _act_grads(p):
 
 _N, _K = (lambda p: p.n), (lambda p: p.k)
 
+
+def _experts_rounded_ref(t: dict, perturb: Callable) -> torch.Tensor:
+    """The expert path in float64 with ``act`` (stored in the input dtype between the two GEMMs)
+    passed through ``perturb``."""
+    act = perturb(grouped_gemm_silu_mul_ref(t["x"], t["w_gate"], t["w_up"], t["rw"], t["cu"]))
+    return grouped_gemm_ref(act, t["w_down"], t["cu"])
+
+
 _ALL_OPS = [
     # forward ops
     OpSpec("grouped_gemm", gemm_inputs,
@@ -454,17 +466,19 @@ _ALL_OPS = [
     # the whole expert path in one op (what moonep_experts runs without grad), allocating and out=
     OpSpec("experts", experts_inputs,
            lambda t: _ops().experts(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["rw"], t["cu"]),
-           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]), _rows(_K)),
+           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]), _rows(_K),
+           rounded_ref=_experts_rounded_ref),
     OpSpec("experts_out", experts_inputs, _experts_out_op,
-           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]), _rows(_K)),
+           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]), _rows(_K),
+           rounded_ref=_experts_rounded_ref),
     # the public expert path (fused gate/up + down GEMM), allocating and out=
     OpSpec("moonep_experts", experts_inputs,
            lambda t: moonep_ops.moonep_experts(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),
            lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),
-           _rows(_K), op=None),
+           _rows(_K), op=None, rounded_ref=_experts_rounded_ref),
     OpSpec("moonep_experts_out", experts_inputs, _experts_out,
            lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),
-           _rows(_K), op=None),
+           _rows(_K), op=None, rounded_ref=_experts_rounded_ref),
     # FP8 block-scaled weights (16-bit activations only): the op or the public API, allocating and out=
     OpSpec("grouped_gemm_fp8", fp8_gemm_inputs,
            lambda t: moonep_ops.grouped_gemm(t["a"], t["w"], t["cu"], w_scale=t["w_scale"]),
@@ -495,6 +509,7 @@ _ALL_OPS = [
 ]
 # Entries for ops that this checkout does not define are left out; test_fuzz checks the
 # converse (every defined op has an entry), so nothing goes unfuzzed silently.
+
 OPS = [spec for spec in _ALL_OPS if spec.moonep_op is None or spec.moonep_op in SCHEMAS]
 OPS_BY_NAME = {spec.name: spec for spec in OPS}
 
@@ -529,20 +544,30 @@ def condition_numbers(spec, t: dict, refs, dtype, seed: int = 0, draws: int = KA
     every floating input is multiplied by ``1 + u*U(-1, 1)``. About 1 for well-conditioned
     outputs; large where sums cancel (K = 1, one live row, a route-weight gradient that sums to
     almost nothing), and there any correct fp32-accumulating kernel misses the float64 result by
-    about ``kappa * u``, so the fixed tolerance is scaled by ``kappa / KAPPA_TYPICAL``."""
+    about ``kappa * u``, so the fixed tolerance is scaled by ``kappa / KAPPA_TYPICAL``. An
+    intermediate that the kernels round to the input dtype (``spec.rounded_ref``) is perturbed
+    the same way: its rounding is one more such error."""
     eta = UNIT_ROUNDOFF.get(dtype)
     if eta is None:
         return [0.0] * len(refs)
+
+    def perturbed(value, draw_seed):
+        gen = torch.Generator(device=value.device).manual_seed(draw_seed)
+        noise = torch.rand(value.shape, generator=gen, device=value.device, dtype=torch.float64)
+        return value.double() * (1 + eta * (2 * noise - 1))
+
     squares = [0.0] * len(refs)
     for d in range(draws):
         moved = {}
         for i, (name, value) in enumerate(t.items()):
             if torch.is_tensor(value) and value.is_floating_point():
-                gen = torch.Generator(device=value.device).manual_seed(seed + 1000 * d + i)
-                noise = torch.rand(value.shape, generator=gen, device=value.device, dtype=torch.float64)
-                value = value.double() * (1 + eta * (2 * noise - 1))
+                value = perturbed(value, seed + 1000 * d + i)
             moved[name] = value
-        for j, (m, r) in enumerate(zip(_as_tuple(spec.ref(moved)), refs)):
+        if spec.rounded_ref is None:
+            outs = spec.ref(moved)
+        else:
+            outs = spec.rounded_ref(moved, lambda value: perturbed(value, seed + 1000 * d + 999))
+        for j, (m, r) in enumerate(zip(_as_tuple(outs), refs)):
             squares[j] += (rel_err(m, r) / eta) ** 2
     return [(sq / draws) ** 0.5 for sq in squares]
 

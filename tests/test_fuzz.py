@@ -189,7 +189,7 @@ def test_make_layout_trims_to_budget():
     assert all(s % 128 == 0 and (s == 0) == (r == 0) and s - 128 < r <= s for s, r in zip(sizes, real))
 
 
-# Found by the long profile on the H200 (2026-11-30): correct results that miss the float64
+# Found by the long profile on the H200: correct results that miss the float64
 # reference by more than the fixed tolerance because the output is a sum that cancels (K = 1,
 # one live row): CPU kernels miss it alike. check() widens the bound by the condition number.
 _ONE_LIVE_ROW = dict(padded=True, p_empty=0.0, max_run=1, max_real=1, k=1, max_rows=8192)
@@ -197,7 +197,7 @@ ILL_CONDITIONED = {
     "experts_k1_one_row_tile": ("moonep_experts", _p(1, tail=0, n=618, dtype=torch.bfloat16, with_weights=False,
                                                       data_seed=111, **_ONE_LIVE_ROW)),
     "d_rw_cancels": ("silu_mul_weight_backward", _p(1, tail=1, n=432, data_seed=4145, **_ONE_LIVE_ROW)),
-    # The H200 long profile again (2026-11-30): one live row's d route_weights, a sum of 1001
+    # The H200 long profile again: one live row's d route_weights, a sum of 1001
     # products; the CUDA kernel's error (2.1e-4) is below the CPU kernel's (2.3e-4), but a
     # one-draw condition number came out at 65 (the bound needed 85): condition_numbers now
     # takes the root mean square of KAPPA_DRAWS draws.
@@ -213,6 +213,22 @@ def test_ill_conditioned_cases(case, device):
     spec = OPS_BY_NAME[name]
     t = spec.inputs(p, "cpu")
     assert max(condition_numbers(spec, t, _as_tuple(spec.ref(t)), p.dtype)) > 3 * KAPPA_TYPICAL
+    check(spec, p, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_rounded_intermediate_counts_in_the_condition_number(device):
+    """One live row, K = 1, N = 3 in bf16 (a CPU fuzz draw): the output is a sum of three products
+    that cancels, of ``act`` stored in bf16 between the GEMMs. Rounding ``act`` alone moves the
+    float64 result by 0.9%, so a correct kernel misses it by 1.1%, past the bound that perturbing
+    the inputs alone gives (condition number 4.04: 1.01%). Perturbing ``act`` too widens it."""
+    p = _p(3, padded=True, p_empty=0.9, max_run=1, max_real=1, layout_seed=5351, tail=0, k=1, n=3,
+           dtype=torch.bfloat16, strided=True, strided_meta=True, data_seed=1398356)
+    spec = OPS_BY_NAME["moonep_experts"]
+    t = spec.inputs(p, "cpu")
+    refs = _as_tuple(spec.ref(t))
+    inputs_only = condition_numbers(dataclasses.replace(spec, rounded_ref=None), t, refs, p.dtype)[0]
+    assert condition_numbers(spec, t, refs, p.dtype)[0] > 1.2 * inputs_only
     check(spec, p, device)
 
 
