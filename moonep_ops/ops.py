@@ -101,8 +101,9 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     ``cu_seqlens[-1]`` are zero.
 
     Without autograd (inference) this is one op, ``moonep::experts`` (``experts_out`` with
-    ``out=``): the fused gate/up GEMM with its activation, then the down GEMM; the intermediate
-    ``act``'s tail rows are never written (only the down GEMM reads ``act``, and never there). When a gradient
+    ``out=``): the fused gate/up GEMM with its activation, then the down GEMM on ``act``, which is
+    stored in ``x``'s dtype between the two (as :func:`grouped_gemm_silu_mul` returns it); ``act``'s
+    tail rows are never written (only the down GEMM reads ``act``, and never there). When a gradient
     is needed, ``recompute=False`` (default) runs :func:`grouped_gemm_silu_mul_with_gate_up`: the
     same fused GEMM, which also writes gate and up (in x's dtype) for autograd to save, as
     torchtitan-style training does (2 x ``[NvS, I]``); the backward reuses them, with one dual

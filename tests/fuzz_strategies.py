@@ -611,7 +611,18 @@ def check(spec, p: Problem, device="cpu", *, repeat: Optional[bool] = None):
         if err > tol:  # an ill-conditioned output earns a wider bound (condition_numbers)
             kappas = kappas or condition_numbers(spec, t, refs, p.dtype)
             tol *= max(1.0, kappas[i] / KAPPA_TYPICAL)
-            assert err <= tol, f"output {i}: rel err {err:.3g} > {tol:.3g} (condition number {kappas[i]:.3g}); {where}"
+            if err > tol and spec.rounded_ref is not None:
+                # The bound is a typical error, and one rounding of a cancelling sum's terms can
+                # pass it: then the output must match float64 with that rounding (the op's
+                # semantics: the intermediate stored in the input dtype) within the fixed bound.
+                rounded = _as_tuple(spec.rounded_ref(t, lambda value: value.to(p.dtype).double()))[i]
+                err_rounded = rel_err(out, rounded)
+                assert err_rounded <= TOLERANCE[p.dtype], (
+                    f"output {i}: rel err {err:.3g} > {tol:.3g} (condition number {kappas[i]:.3g}), and "
+                    f"{err_rounded:.3g} against float64 with the intermediate rounded; {where}")
+            else:
+                assert err <= tol, (f"output {i}: rel err {err:.3g} > {tol:.3g} (condition number "
+                                    f"{kappas[i]:.3g}); {where}")
         errs.append(err)
     if repeat if repeat is not None else torch.device(device).type == "cuda":
         again = _as_tuple(spec.call(t))

@@ -216,20 +216,45 @@ def test_ill_conditioned_cases(case, device):
     check(spec, p, device)
 
 
+# CPU fuzz draws with a random seed: one live segment, K = 1, bf16. Each output is one sum of N
+# products of ``act``, which the kernels store in bf16, and the sum cancels: rounding ``act``
+# alone moves the float64 result by 0.9% (N = 3, one row) and 1.7% (N = 398, 39 rows), where
+# perturbing the inputs alone puts the typical error at 1.01% and 1.42%.
+ROUNDED_ACT = {
+    "three_products": _p(3, padded=True, p_empty=0.9, max_run=1, max_real=1, layout_seed=5351, tail=0, k=1, n=3,
+                         dtype=torch.bfloat16, strided=True, strided_meta=True, data_seed=1398356),
+    "long_sums": _p(1, p_empty=0.0, max_run=1, max_real=61, layout_seed=398, tail=1198, k=1, n=398,
+                    dtype=torch.bfloat16, with_weights=False, data_seed=17379),
+}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_rounded_intermediate_counts_in_the_condition_number(device):
-    """One live row, K = 1, N = 3 in bf16 (a CPU fuzz draw): the output is a sum of three products
-    that cancels, of ``act`` stored in bf16 between the GEMMs. Rounding ``act`` alone moves the
-    float64 result by 0.9%, so a correct kernel misses it by 1.1%, past the bound that perturbing
-    the inputs alone gives (condition number 4.04: 1.01%). Perturbing ``act`` too widens it."""
-    p = _p(3, padded=True, p_empty=0.9, max_run=1, max_real=1, layout_seed=5351, tail=0, k=1, n=3,
-           dtype=torch.bfloat16, strided=True, strided_meta=True, data_seed=1398356)
-    spec = OPS_BY_NAME["moonep_experts"]
+@pytest.mark.parametrize("case", list(ROUNDED_ACT))
+def test_a_rounded_intermediate_widens_the_bound(case, device):
+    """The rounding of ``act`` counts in the condition number, and where one rounding still passes
+    the typical error, the output must match float64 with ``act`` rounded as the op stores it."""
+    p = ROUNDED_ACT[case]
+    spec = OPS_BY_NAME["experts"]
     t = spec.inputs(p, "cpu")
     refs = _as_tuple(spec.ref(t))
     inputs_only = condition_numbers(dataclasses.replace(spec, rounded_ref=None), t, refs, p.dtype)[0]
     assert condition_numbers(spec, t, refs, p.dtype)[0] > 1.2 * inputs_only
     check(spec, p, device)
+    check(OPS_BY_NAME["moonep_experts"], p, device)
+
+
+def test_a_wrong_intermediate_still_fails(monkeypatch):
+    """The rounded reference excuses the rounding, not a wrong answer: a result 5% off (as from an
+    ``act`` 5% off) fails on the same problem."""
+    p = ROUNDED_ACT["long_sums"]
+    spec = OPS_BY_NAME["experts"]
+
+    def wrong_call(t):
+        return dataclasses.replace(spec, rounded_ref=None).ref(
+            {**t, "w_down": t["w_down"].double() * 1.05}).to(p.dtype)
+
+    with pytest.raises(AssertionError, match="against float64 with the intermediate rounded"):
+        check(dataclasses.replace(spec, call=wrong_call), p, "cpu")
 
 
 def test_condition_numbers_are_stable():
