@@ -509,7 +509,6 @@ _ALL_OPS = [
 ]
 # Entries for ops that this checkout does not define are left out; test_fuzz checks the
 # converse (every defined op has an entry), so nothing goes unfuzzed silently.
-
 OPS = [spec for spec in _ALL_OPS if spec.moonep_op is None or spec.moonep_op in SCHEMAS]
 OPS_BY_NAME = {spec.name: spec for spec in OPS}
 
