@@ -54,8 +54,36 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         # may launch now; its programs take the SMs this grid's programs leave and wait for this
         # grid's memory.
         griddepcontrol_launch_dependents()
-    # Totals from a vector scan of cu_seqlens, and the tail's first row (every partition gets them
-    # as scalars).
+    real_tiles, live_segments, live_end = _totals(cu_seqlens_ptr, G, NUM_ROWS, BLOCK_M, BLOCK_G, SKIP_IDLE_TILES,
+                                                  RUN_ON, num_warps)
+    spread = 0  # (a constant where the programs never swap items)
+    if SKIP_IDLE_TILES:
+        spread = _spread(real_tiles, live_segments)
+    col_tiles = gl.cdiv(N, BLOCK_N)
+    zero_col_tiles = gl.cdiv(ZERO_N, zero_desc.block_type.shape[1])
+    real_items = real_tiles * col_tiles
+    tail_items = gl.cdiv(NUM_ROWS - live_end, BLOCK_M) * col_tiles
+
+    descs = Descriptors(a_desc, a_half_desc, w_desc, w_up_desc, zero_desc, out_desc)
+    problem = Problem(out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
+                      FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread)
+    scales = Scales(a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg, stride_wsn,
+                    stride_usg, stride_usn, stride_osm)
+    features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, ZERO_TAIL and TAIL_BY_PRODUCER,
+                        SKIP_IDLE_HALF, SKIP_BY_WEIGHT, SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR,
+                        SIGNAL_ROWS, HANDOFF, MAX_POLLS, BLOCK_MAJOR, SKIP_EMPTY_RUNS)
+    # (With SPLIT_RING a partition's ring holds half the stages.)
+    tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, STAGES // 2 if SPLIT_RING else STAGES, 2 if PINGPONG else 1,
+                    GROUP_MAJOR, SPLIT_RING, SPLIT_ROWS)
+    _fork(descs, problem, scales, tiling, features, PRODUCER_REGS, CONSUMER_REGS, num_warps)
+
+
+@gluon.jit
+def _totals(cu_seqlens_ptr, G, NUM_ROWS, BLOCK_M: gl.constexpr, BLOCK_G: gl.constexpr, SKIP_IDLE_TILES: gl.constexpr,
+            RUN_ON: gl.constexpr, num_warps: gl.constexpr):
+    """From a vector scan of ``cu_seqlens`` (every partition gets the results as scalars): the
+    real row tiles this launch takes, the live segments (counted where a config asks), and the
+    tail's first row."""
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     real_tiles = 0
     live_segments = 0
@@ -71,14 +99,6 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         if RUN_ON != 0:
             tiles_64 += gl.sum((gl.maximum(ends - starts, 0) + 63) // 64, 0)
             tiles_128 += gl.sum((gl.maximum(ends - starts, 0) + 127) // 128, 0)
-    spread = 0
-    if SKIP_IDLE_TILES:
-        # Segments of two row tiles (1.75-2 on average: decode, 128-row padded segments of a few
-        # rows): skip idle tiles, on an even grid whose programs swap items in pairs every other
-        # round (schedule.program_item).
-        num_progs = gl.num_programs(0)
-        two_tiles = (real_tiles <= 2 * live_segments) & (4 * real_tiles >= 7 * live_segments)
-        spread = (two_tiles & (num_progs % 2 == 0) & (num_progs > 1)).to(gl.int32)
     live_end = gl.minimum(gl.maximum(gl.load(cu_seqlens_ptr + G - 1), 0), NUM_ROWS)
     if RUN_ON != 0:
         # One of a GEMM's two launches (the config's ``on_multi_tile``): it takes the whole GEMM,
@@ -90,31 +110,43 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         mine = multi_tile if RUN_ON == 1 else 1 - multi_tile
         real_tiles = real_tiles * mine
         live_end = live_end + (NUM_ROWS - live_end) * (1 - mine)
-    col_tiles = gl.cdiv(N, BLOCK_N)
-    zero_col_tiles = gl.cdiv(ZERO_N, zero_desc.block_type.shape[1])
-    real_items = real_tiles * col_tiles
-    tail_items = gl.cdiv(NUM_ROWS - live_end, BLOCK_M) * col_tiles
+    return real_tiles, live_segments, live_end
 
-    CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
-    PRODUCER_TAIL: gl.constexpr = ZERO_TAIL and TAIL_BY_PRODUCER
-    RING: gl.constexpr = STAGES // 2 if SPLIT_RING else STAGES  # the stages of one ring
-    a_bufs, w_bufs, w_up_bufs = _ring_buffers(a_desc, w_desc, w_up_desc, RING, FUSED)
-    if SPLIT_RING:  # the second consumer's ring
-        a_bufs_1, w_bufs_1, w_up_bufs_1 = _ring_buffers(a_desc, w_desc, w_up_desc, RING, FUSED)
+
+@gluon.jit
+def _spread(real_tiles, live_segments):
+    """1 where the programs swap items in pairs every other round (:func:`.schedule.program_item`)
+    so that idle tiles are skipped evenly: live segments of two row tiles (1.75-2 on average:
+    decode, 128-row padded segments of a few rows), on an even grid."""
+    num_progs = gl.num_programs(0)
+    two_tiles = (real_tiles <= 2 * live_segments) & (4 * real_tiles >= 7 * live_segments)
+    return (two_tiles & (num_progs % 2 == 0) & (num_progs > 1)).to(gl.int32)
+
+
+@gluon.jit
+def _fork(descs, problem, scales, tiling, features, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+          num_warps: gl.constexpr):
+    """The shared memory and its mbarriers, then the fork into the producer and consumer
+    partitions: with ``SPLIT_RING`` two pipelines, consumer c and producer c on ring c."""
+    RING: gl.constexpr = tiling.STAGES
+    a_bufs, w_bufs, w_up_bufs = _ring_buffers(descs.a, descs.w, descs.w_up, RING, features.FUSED)
+    if tiling.SPLIT_RING:  # the second consumer's ring
+        a_bufs_1, w_bufs_1, w_up_bufs_1 = _ring_buffers(descs.a, descs.w, descs.w_up, RING, features.FUSED)
     # The epilogue buffers: a whole tile, or half its columns (a split epilogue), or half its rows
     # (SPLIT_ROWS)
-    out_box: gl.constexpr = out_desc.block_type.shape
-    out_bufs = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS, out_box[0], out_box[1]], out_desc.layout)
-    if PRODUCER_TAIL:
-        zero_buf = gl.allocate_shared_memory(zero_desc.dtype, zero_desc.block_type.shape, zero_desc.layout)
+    out_box: gl.constexpr = descs.out.block_type.shape
+    out_bufs = gl.allocate_shared_memory(descs.out.dtype, [tiling.CONSUMERS, out_box[0], out_box[1]],
+                                         descs.out.layout)
+    if features.PRODUCER_TAIL:
+        zero_buf = gl.allocate_shared_memory(descs.zero.dtype, descs.zero.block_type.shape, descs.zero.layout)
     else:
         zero_buf = out_bufs.index(0)  # unused
-    if HANDOFF:  # each stage's item id (dynamic schedule), written by the producer
-        item_ids = gl.allocate_shared_memory(gl.int32, [STAGES, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    if features.HANDOFF:  # each stage's item id (dynamic schedule), written by the producer
+        item_ids = gl.allocate_shared_memory(gl.int32, [RING, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     else:
         item_ids = zero_buf  # unused
-    ready, empty = _ring_barriers(RING, 2 if SPLIT_ROWS else 1)  # SPLIT_ROWS: both consumers release a stage
-    if SPLIT_RING or SPLIT_ROWS:
+    ready, empty = _ring_barriers(RING, 2 if tiling.SPLIT_ROWS else 1)  # SPLIT_ROWS: both consumers release a stage
+    if tiling.SPLIT_RING or tiling.SPLIT_ROWS:
         # No turns to take. (An unused barrier's memory may be reused for Triton's handshake with
         # the worker warps, and its init would then look like a race to racecheck.)
         turn = empty
@@ -122,38 +154,24 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
-    if SPLIT_RING:
+    smem = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
+    if tiling.SPLIT_RING:
         ready_1, empty_1 = _ring_barriers(RING)
-
-    descs = Descriptors(a_desc, a_half_desc, w_desc, w_up_desc, zero_desc, out_desc)
-    problem = Problem(out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
-                      FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread)
-    scales = Scales(a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg, stride_wsn,
-                    stride_usg, stride_usn, stride_osm)
-    features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, PRODUCER_TAIL, SKIP_IDLE_HALF,
-                        SKIP_BY_WEIGHT, SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF,
-                        MAX_POLLS, BLOCK_MAJOR, SKIP_EMPTY_RUNS)
-    if SPLIT_RING:  # two pipelines at once: consumer c and producer c on ring c
-        ring0 = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
-        ring1 = SharedMemory(a_bufs_1, w_bufs_1, w_up_bufs_1, out_bufs, zero_buf, ready_1, empty_1, turn, item_ids)
-        tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, RING, CONSUMERS, GROUP_MAJOR, True)
-        gl.warp_specialize([(consumer, (ring0, descs, problem, scales, tiling, features, 0, num_warps)),
-                            (consumer, (ring1, descs, problem, scales, tiling, features, 1, num_warps)),
-                            (producer, (descs, ring0, problem, tiling, features, 0)),
-                            (producer, (descs, ring1, problem, tiling, features, 1))],
+        smem_1 = SharedMemory(a_bufs_1, w_bufs_1, w_up_bufs_1, out_bufs, zero_buf, ready_1, empty_1, turn, item_ids)
+        gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
+                            (consumer, (smem_1, descs, problem, scales, tiling, features, 1, num_warps)),
+                            (producer, (descs, smem, problem, tiling, features, 0)),
+                            (producer, (descs, smem_1, problem, tiling, features, 1))],
                            [num_warps, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
-    else:
-        smem = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
-        tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS, GROUP_MAJOR, False, SPLIT_ROWS)
-        # (The consumers' tuples are written out: `args + (0, num_warps)` would pass plain ints, not constexprs.)
-        if PINGPONG:  # two one-warpgroup consumers on alternate items, taking turns (or on each item's halves)
-            gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
-                                (consumer, (smem, descs, problem, scales, tiling, features, 1, num_warps)),
-                                (producer, (descs, smem, problem, tiling, features, 0))],
-                               [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
-        else:  # one two-warpgroup consumer
-            gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
-                                (producer, (descs, smem, problem, tiling, features, 0))], [1], [PRODUCER_REGS])
+    # (The consumers' tuples are written out: `args + (0, num_warps)` would pass plain ints, not constexprs.)
+    elif tiling.CONSUMERS == 2:  # two one-warpgroup consumers on alternate items, taking turns (or on each item's halves)
+        gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
+                            (consumer, (smem, descs, problem, scales, tiling, features, 1, num_warps)),
+                            (producer, (descs, smem, problem, tiling, features, 0))],
+                           [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:  # one two-warpgroup consumer
+        gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
+                            (producer, (descs, smem, problem, tiling, features, 0))], [1], [PRODUCER_REGS])
 
 
 @gluon.jit
