@@ -18,7 +18,9 @@ With ``--sweep``, the layout sweep's summary (``benchmarks.sweep --out``, render
 (``benchmarks.sweep --fp8 --out``) between ``<!-- fp8-sweep:begin -->`` and ``<!-- fp8-sweep:end -->``
 in docs/fp8.md. With ``--heldout-sweep``, the summary of the layout sweep on a held-out list
 (``benchmarks.sweep --case-seed 1 --out``) between ``<!-- heldout-sweep:begin -->`` and
-``<!-- heldout-sweep:end -->`` in docs/performance.md. No GPU and no torch needed.
+``<!-- heldout-sweep:end -->`` in docs/performance.md, and with ``--fp8-heldout-sweep`` the FP8 layout
+sweep's on it (``benchmarks.sweep --fp8 --case-seed 1 --out``) between ``<!-- fp8-heldout-sweep:begin -->``
+and ``<!-- fp8-heldout-sweep:end -->`` in docs/fp8.md. No GPU and no torch needed.
 
     python -m benchmarks.report [--results benchmarks/results/bench_h200.json] [--readme README.md]
     python -m benchmarks.report --check    # exit 1 if the README's table is not what the JSON gives
@@ -31,6 +33,8 @@ in docs/fp8.md. With ``--heldout-sweep``, the summary of the layout sweep on a h
                               [--readme docs/fp8.md] [--check | --stdout]
     python -m benchmarks.report --fp8-sweep [--results benchmarks/results/sweep_fp8_h200.json]
                                     [--readme docs/fp8.md] [--check | --stdout]
+    python -m benchmarks.report --fp8-heldout-sweep [--results benchmarks/results/sweep_fp8_heldout_h200.json]
+                                            [--readme docs/fp8.md] [--check | --stdout]
 
 Exits 1, printing the text, if the file has no such pair of markers.
 """
@@ -56,13 +60,17 @@ FP8_SWEEP_BEGIN = "<!-- fp8-sweep:begin -->"
 FP8_SWEEP_END = "<!-- fp8-sweep:end -->"
 HELDOUT_BEGIN = "<!-- heldout-sweep:begin -->"
 HELDOUT_END = "<!-- heldout-sweep:end -->"
+FP8_HELDOUT_BEGIN = "<!-- fp8-heldout-sweep:begin -->"
+FP8_HELDOUT_END = "<!-- fp8-heldout-sweep:end -->"
 # each mode's JSON (in benchmarks/results), file, region markers and the option that picks it
 MODES = {"readme": ("bench_h200.json", "README.md", BEGIN, END, ""),
          "sweep": ("sweep_h200.json", "docs/performance.md", SWEEP_BEGIN, SWEEP_END, " --sweep"),
          "heldout_sweep": ("sweep_heldout_h200.json", "docs/performance.md", HELDOUT_BEGIN, HELDOUT_END,
                            " --heldout-sweep"),
          "fp8": ("fp8_h200.json", "docs/fp8.md", FP8_BEGIN, FP8_END, " --fp8"),
-         "fp8_sweep": ("sweep_fp8_h200.json", "docs/fp8.md", FP8_SWEEP_BEGIN, FP8_SWEEP_END, " --fp8-sweep")}
+         "fp8_sweep": ("sweep_fp8_h200.json", "docs/fp8.md", FP8_SWEEP_BEGIN, FP8_SWEEP_END, " --fp8-sweep"),
+         "fp8_heldout_sweep": ("sweep_fp8_heldout_h200.json", "docs/fp8.md", FP8_HELDOUT_BEGIN, FP8_HELDOUT_END,
+                               " --fp8-heldout-sweep")}
 BASE, OURS = "vllm", "moonep"  # the paths of benchmarks/paths.py the table compares
 
 
@@ -157,9 +165,12 @@ def _parse(argv):
     which.add_argument("--fp8", action="store_true", help="the FP8 table into docs/fp8.md instead of the README table")
     which.add_argument("--fp8-sweep", action="store_true",
                        help="the FP8 layout sweep's summary into docs/fp8.md instead of the README table")
+    which.add_argument("--fp8-heldout-sweep", action="store_true",
+                       help="the FP8 held-out layout sweep's summary into docs/fp8.md instead of the README table")
     parser.add_argument("--results", default=None,
                         help="the JSON (default benchmarks/results/bench_h200.json, sweep_h200.json, "
-                             "sweep_heldout_h200.json, fp8_h200.json or sweep_fp8_h200.json)")
+                             "sweep_heldout_h200.json, fp8_h200.json, sweep_fp8_h200.json or "
+                             "sweep_fp8_heldout_h200.json)")
     parser.add_argument("--readme", "--doc", dest="readme", default=None,
                         help="the file to write (default README.md, docs/performance.md or docs/fp8.md)")
     parser.add_argument("--padding", type=int, default=128, help="the token_padding whose rows the table shows")
@@ -171,7 +182,8 @@ def _parse(argv):
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    flags = {"sweep": args.sweep, "heldout_sweep": args.heldout_sweep, "fp8": args.fp8, "fp8_sweep": args.fp8_sweep}
+    flags = {"sweep": args.sweep, "heldout_sweep": args.heldout_sweep, "fp8": args.fp8, "fp8_sweep": args.fp8_sweep,
+             "fp8_heldout_sweep": args.fp8_heldout_sweep}
     mode = next((name for name, on in flags.items() if on), "readme")
     json_name, doc, begin, end, flag = MODES[mode]
     results = pathlib.Path(args.results or ROOT / "benchmarks" / "results" / json_name)

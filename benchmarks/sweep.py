@@ -46,6 +46,8 @@ model), those are re-timed without the rest; the JSON's ``env`` and the rendered
     python -m benchmarks.report --fp8-sweep --results sweep_fp8.json   # the FP8 sweep's into docs/fp8.md
     python -m benchmarks.sweep --case-seed 1 --out sweep_heldout.json    # a held-out list of layouts
     python -m benchmarks.report --heldout-sweep --results sweep_heldout.json   # into docs/performance.md
+    python -m benchmarks.sweep --fp8 --case-seed 1 --out sweep_fp8_heldout.json
+    python -m benchmarks.report --fp8-heldout-sweep --results sweep_fp8_heldout.json   # into docs/fp8.md
 """
 
 import argparse

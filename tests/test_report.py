@@ -284,7 +284,8 @@ def test_main_writes_the_fp8_table_into_its_doc(tmp_path, capsys):
     assert report.main(args + ["--check"]) == 0
 
 
-@pytest.mark.parametrize("mode", [[], ["--sweep"], ["--heldout-sweep"], ["--fp8"], ["--fp8-sweep"]])
+@pytest.mark.parametrize("mode", [[], ["--sweep"], ["--heldout-sweep"], ["--fp8"], ["--fp8-sweep"],
+                                  ["--fp8-heldout-sweep"]])
 def test_each_committed_doc_matches_its_json(mode):
     assert report.main(mode + ["--check"]) == 0
 
