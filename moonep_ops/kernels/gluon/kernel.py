@@ -155,6 +155,7 @@ def _fork(descs, problem, scales, tiling, features, PRODUCER_REGS: gl.constexpr,
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
     smem = SharedMemory(a_bufs, w_bufs, w_up_bufs, out_bufs, zero_buf, ready, empty, turn, item_ids)
+    # (The consumers' tuples are written out: `args + (0, num_warps)` would pass plain ints, not constexprs.)
     if tiling.SPLIT_RING:
         ready_1, empty_1 = _ring_barriers(RING)
         smem_1 = SharedMemory(a_bufs_1, w_bufs_1, w_up_bufs_1, out_bufs, zero_buf, ready_1, empty_1, turn, item_ids)
@@ -163,7 +164,6 @@ def _fork(descs, problem, scales, tiling, features, PRODUCER_REGS: gl.constexpr,
                             (producer, (descs, smem, problem, tiling, features, 0)),
                             (producer, (descs, smem_1, problem, tiling, features, 1))],
                            [num_warps, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
-    # (The consumers' tuples are written out: `args + (0, num_warps)` would pass plain ints, not constexprs.)
     elif tiling.CONSUMERS == 2:  # two one-warpgroup consumers on alternate items, taking turns (or on each item's halves)
         gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
                             (consumer, (smem, descs, problem, scales, tiling, features, 1, num_warps)),
