@@ -182,9 +182,8 @@ def _parse(argv):
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    flags = {"sweep": args.sweep, "heldout_sweep": args.heldout_sweep, "fp8": args.fp8, "fp8_sweep": args.fp8_sweep,
-             "fp8_heldout_sweep": args.fp8_heldout_sweep}
-    mode = next((name for name, on in flags.items() if on), "readme")
+    # (each mode but the README's is the option of its name: --fp8-sweep sets args.fp8_sweep)
+    mode = next((name for name in MODES if name != "readme" and getattr(args, name)), "readme")
     json_name, doc, begin, end, flag = MODES[mode]
     results = pathlib.Path(args.results or ROOT / "benchmarks" / "results" / json_name)
     target = pathlib.Path(args.readme or ROOT / doc)

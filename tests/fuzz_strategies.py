@@ -438,6 +438,11 @@ def _act_grads(p):
 _N, _K = (lambda p: p.n), (lambda p: p.k)
 
 
+def _experts_ref(t: dict) -> torch.Tensor:
+    """The expert path in float64."""
+    return experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"])
+
+
 def _experts_rounded_ref(t: dict, perturb: Callable) -> torch.Tensor:
     """The expert path in float64 with ``act`` (stored in the input dtype between the two GEMMs)
     passed through ``perturb``."""
@@ -466,19 +471,15 @@ _ALL_OPS = [
     # the whole expert path in one op (what moonep_experts runs without grad), allocating and out=
     OpSpec("experts", experts_inputs,
            lambda t: _ops().experts(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["rw"], t["cu"]),
-           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]), _rows(_K),
-           rounded_ref=_experts_rounded_ref),
+           _experts_ref, _rows(_K), rounded_ref=_experts_rounded_ref),
     OpSpec("experts_out", experts_inputs, _experts_out_op,
-           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]), _rows(_K),
-           rounded_ref=_experts_rounded_ref),
+           _experts_ref, _rows(_K), rounded_ref=_experts_rounded_ref),
     # the public expert path (fused gate/up + down GEMM), allocating and out=
     OpSpec("moonep_experts", experts_inputs,
            lambda t: moonep_ops.moonep_experts(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),
-           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),
-           _rows(_K), op=None, rounded_ref=_experts_rounded_ref),
+           _experts_ref, _rows(_K), op=None, rounded_ref=_experts_rounded_ref),
     OpSpec("moonep_experts_out", experts_inputs, _experts_out,
-           lambda t: experts_ref(t["x"], t["w_gate"], t["w_up"], t["w_down"], t["cu"], t["rw"]),
-           _rows(_K), op=None, rounded_ref=_experts_rounded_ref),
+           _experts_ref, _rows(_K), op=None, rounded_ref=_experts_rounded_ref),
     # FP8 block-scaled weights (16-bit activations only): the op or the public API, allocating and out=
     OpSpec("grouped_gemm_fp8", fp8_gemm_inputs,
            lambda t: moonep_ops.grouped_gemm(t["a"], t["w"], t["cu"], w_scale=t["w_scale"]),
