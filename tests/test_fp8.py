@@ -336,14 +336,20 @@ GLUON_FP8_CONFIGS = {
 # and an empty last group
 LONG_EMPTY_RUNS = Layout("long_empty_runs", tuple(40 if g in (0, 97, 250, 299) else 0 for g in range(300)) + (0,),
                          200, k=256, n=256)
+# An expert-parallel rank in decode, unpadded: its experts' segments after a run of empty ones (the
+# other ranks' experts), then another run before the prefetch slots. Each program's walks start at
+# its first item's segment, which the kernel's scan of cu_seqlens finds.
+EP_RANK_DECODE = Layout("ep_rank_decode", tuple(3 if 56 <= g < 72 else 2 if g >= 128 else 0 for g in range(132)),
+                        56 + 20, k=256, n=256)
 _SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _SM90, reason="the Gluon FP8 kernels need an sm90 GPU")
 @pytest.mark.parametrize("config", GLUON_FP8_CONFIGS, ids=list(GLUON_FP8_CONFIGS))
-@pytest.mark.parametrize("layout", LAYOUTS + [MOONEP_PADDING, MOONEP_DECODE, LONG_EMPTY_RUNS],
-                         ids=LAYOUT_IDS + [MOONEP_PADDING.name, MOONEP_DECODE.name, LONG_EMPTY_RUNS.name])
+@pytest.mark.parametrize("layout", LAYOUTS + [MOONEP_PADDING, MOONEP_DECODE, LONG_EMPTY_RUNS, EP_RANK_DECODE],
+                         ids=LAYOUT_IDS + [MOONEP_PADDING.name, MOONEP_DECODE.name, LONG_EMPTY_RUNS.name,
+                                           EP_RANK_DECODE.name])
 def test_gluon_fp8_configs(monkeypatch, layout, config):
     """Both FP8 GEMMs of the experts op and the plain one under each config, against the
     reference, MoonEP's padding rows of route weight 0, the buffers between launches full of NaN."""

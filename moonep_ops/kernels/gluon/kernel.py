@@ -10,9 +10,10 @@ stages (:mod:`.producer`), consumer warpgroups issuing wgmma and storing through
 (:mod:`.consumer`), the stages handed over by mbarriers, the schedule of :mod:`.schedule`, and
 the launch-to-launch synchronization of :mod:`.sync`.
 
-This module is the entry: totals from a scan of ``cu_seqlens``, the shared-memory allocation,
-the mbarriers, and the fork into partitions: with ``SPLIT_RING`` two independent pipelines, each a
-ping-pong consumer with its own producer warp and half of the stages. Nothing syncs the host.
+This module is the entry: totals and where the segment walks start, from a scan of
+``cu_seqlens``; the shared-memory allocation, the mbarriers, and the fork into partitions: with
+``SPLIT_RING`` two independent pipelines, each a ping-pong consumer with its own producer warp and
+half of the stages. Nothing syncs the host.
 """
 
 from triton.experimental import gluon
@@ -54,19 +55,29 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
         # may launch now; its programs take the SMs this grid's programs leave and wait for this
         # grid's memory.
         griddepcontrol_launch_dependents()
-    real_tiles, live_segments, live_end = _totals(cu_seqlens_ptr, G, NUM_ROWS, BLOCK_M, BLOCK_G, SKIP_IDLE_TILES,
-                                                  RUN_ON, num_warps)
+    col_tiles = gl.cdiv(N, BLOCK_N)
+    # Every item of this program is item pid or later, so its walks may start at that item's segment
+    # (not with the row-tile handoff, whose items come from a counter: there they start at the first)
+    pid = gl.program_id(0)
+    totals = _totals(cu_seqlens_ptr, G, NUM_ROWS, pid if GROUP_MAJOR else pid // col_tiles,
+                     col_tiles if GROUP_MAJOR else 1, BLOCK_M, BLOCK_G, SKIP_IDLE_TILES, RUN_ON, not HANDOFF,
+                     num_warps)
+    real_tiles, live_segments, live_end, walk_group, walk_tiles, walk_end = totals
+    if HANDOFF:  # constants: a helper's results are runtime values, which partitions read from smem
+        walk_group = -1
+        walk_tiles = 0
+        walk_end = 0
     spread = 0  # (a constant where the programs never swap items)
     if SKIP_IDLE_TILES:
         spread = _spread(real_tiles, live_segments)
-    col_tiles = gl.cdiv(N, BLOCK_N)
     zero_col_tiles = gl.cdiv(ZERO_N, zero_desc.block_type.shape[1])
     real_items = real_tiles * col_tiles
     tail_items = gl.cdiv(NUM_ROWS - live_end, BLOCK_M) * col_tiles
 
     descs = Descriptors(a_desc, a_half_desc, w_desc, w_up_desc, zero_desc, out_desc)
     problem = Problem(out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
-                      FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread)
+                      FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread, walk_group,
+                      walk_tiles, walk_end)
     scales = Scales(a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg, stride_wsn,
                     stride_usg, stride_usn, stride_osm)
     features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, ZERO_TAIL and TAIL_BY_PRODUCER,
@@ -79,21 +90,36 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
 
 
 @gluon.jit
-def _totals(cu_seqlens_ptr, G, NUM_ROWS, BLOCK_M: gl.constexpr, BLOCK_G: gl.constexpr, SKIP_IDLE_TILES: gl.constexpr,
-            RUN_ON: gl.constexpr, num_warps: gl.constexpr):
+def _totals(cu_seqlens_ptr, G, NUM_ROWS, key, scale, BLOCK_M: gl.constexpr, BLOCK_G: gl.constexpr,
+            SKIP_IDLE_TILES: gl.constexpr, RUN_ON: gl.constexpr, FIND_START: gl.constexpr, num_warps: gl.constexpr):
     """From a vector scan of ``cu_seqlens`` (every partition gets the results as scalars): the
-    real row tiles this launch takes, the live segments (counted where a config asks), and the
-    tail's first row."""
+    real row tiles this launch takes, the live segments (counted where a config asks), the tail's
+    first row, and where the segment walks start (:func:`.schedule.walk`): with ``FIND_START`` the
+    cursor one step before the segment of ``key`` (``key`` and ``scale`` as there), as group, tiles
+    and end, else before the first segment. A walk from there steps over the empty segments ahead of
+    its first item (decode on an expert-parallel rank: the other ranks' experts, then the prefetch
+    slots) without a dependent load each."""
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     real_tiles = 0
     live_segments = 0
     tiles_64 = 0
     tiles_128 = 0
+    walk_group = G  # (G: not found, the program has no item)
+    walk_tiles = 0
+    walk_end = 0
     for c in range(0, G, BLOCK_G):
         offs = c + gl.arange(0, BLOCK_G, layout=scan_layout)
         ends = gl.load(cu_seqlens_ptr + offs, mask=offs < G, other=0)
         starts = gl.load(cu_seqlens_ptr + offs - 1, mask=(offs > 0) & (offs < G), other=0)
-        real_tiles += gl.sum((gl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M, 0)
+        tiles = (gl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
+        if FIND_START:
+            through = real_tiles + gl.associative_scan(tiles, 0, _add)
+            found = gl.min(gl.where((offs < G) & (key < through * scale), offs, G), 0)
+            take = (walk_group == G) & (found < G)
+            walk_tiles = gl.where(take, gl.sum(gl.where(offs == found, through - tiles, 0), 0), walk_tiles)
+            walk_end = gl.where(take, gl.sum(gl.where(offs == found, starts, 0), 0), walk_end)
+            walk_group = gl.where(take, found, walk_group)
+        real_tiles += gl.sum(tiles, 0)
         if SKIP_IDLE_TILES or RUN_ON != 0:
             live_segments += gl.sum((ends > starts).to(gl.int32), 0)
         if RUN_ON != 0:
@@ -110,7 +136,16 @@ def _totals(cu_seqlens_ptr, G, NUM_ROWS, BLOCK_M: gl.constexpr, BLOCK_G: gl.cons
         mine = multi_tile if RUN_ON == 1 else 1 - multi_tile
         real_tiles = real_tiles * mine
         live_end = live_end + (NUM_ROWS - live_end) * (1 - mine)
-    return real_tiles, live_segments, live_end
+    if FIND_START:
+        walk_group = gl.where(walk_group == G, 0, walk_group) - 1
+    else:
+        walk_group = -1
+    return real_tiles, live_segments, live_end, walk_group, walk_tiles, walk_end
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
 
 
 @gluon.jit

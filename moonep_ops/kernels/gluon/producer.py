@@ -218,11 +218,11 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
     GROUP_MAJOR: gl.constexpr = tiling.GROUP_MAJOR
     BLOCK_M: gl.constexpr = tiling.BLOCK_M
-    group = -1  # the segment cursor (see schedule.walk)
-    tiles_before = 0
-    tiles_through = 0
+    group = problem.walk_group  # the segment cursor (see schedule.walk)
+    tiles_before = problem.walk_tiles
+    tiles_through = problem.walk_tiles
     start = 0
-    end = 0
+    end = problem.walk_end
     prefetched = 0  # stages whose weight loads were issued before the grid-wide wait
     if features.WAIT_PRIOR and not features.HANDOFF:
         group, tiles_before, tiles_through, start, end, prefetched = _prefetch_first_item(

@@ -5,10 +5,12 @@ by segment (``GROUP_MAJOR``: the row tiles that share a weight tile run together
 row tile; program ``pid`` takes items ``pid + i * num_programs``, or with the row-tile handoff
 the next one from a global counter (:func:`.sync.next_item`). The producer and the consumers
 each find an item's segment by a forward walk over ``cu_seqlens`` (a program's items only move
-forward): no per-item scans. The walk steps over non-empty segments one scalar load at a time and,
-with ``SKIP_EMPTY_RUNS`` (the config's ``skip_empty_runs``), over a run of empty ones a whole chunk
-(one entry per thread) at a time: with many groups and few live ones (many experts, decode) a load
-per empty segment would put hundreds of dependent loads between a program's items. Segment ends
+forward): no per-item scans. The walks start at the segment of the program's first item, which the
+kernel's vector scan of ``cu_seqlens`` finds (:func:`.kernel._totals`; with the handoff, at the first
+segment). The walk steps over non-empty segments one scalar load at a time and, with
+``SKIP_EMPTY_RUNS`` (the config's ``skip_empty_runs``), over a run of empty ones a whole chunk (one
+entry per thread) at a time: with many groups and few live ones (many experts, decode) a load per
+empty segment would put hundreds of dependent loads between a program's items. Segment ends
 are used as in the Triton kernel (rows masked to ``[0, min(end, NvS))``), so invalid
 ``cu_seqlens`` give unspecified values, never an out-of-bounds access.
 
