@@ -199,7 +199,7 @@ def _fork(descs, problem, scales, tiling, features, PRODUCER_REGS: gl.constexpr,
                             (producer, (descs, smem, problem, tiling, features, 0)),
                             (producer, (descs, smem_1, problem, tiling, features, 1))],
                            [num_warps, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
-    elif tiling.CONSUMERS == 2:  # two one-warpgroup consumers on alternate items, taking turns (or on each item's halves)
+    elif tiling.CONSUMERS == 2:  # two one-warpgroup consumers: alternate items, taking turns (or each item's halves)
         gl.warp_specialize([(consumer, (smem, descs, problem, scales, tiling, features, 0, num_warps)),
                             (consumer, (smem, descs, problem, scales, tiling, features, 1, num_warps)),
                             (producer, (descs, smem, problem, tiling, features, 0))],
