@@ -375,6 +375,38 @@ def test_gluon_fp8_configs(monkeypatch, layout, config):
                 "block-major weights did not reach both Gluon GEMMs"
 
 
+# Invalid ends: non-monotone, past NvS, and long runs of empty or decreasing ones between them
+# (either segment walk steps over those runs and must stay inside cu_seqlens)
+INVALID_ENDS = {
+    "decreasing": [100, 50, 400],
+    "negative_then_past": [-5, 300, 200],
+    "int32_large": [0, 0, 1 << 24],
+    "long_runs": [0] * 300 + [100, 50] + [50] * 300 + [400] + [30] * 40 + [30, 30, 31],
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _SM90, reason="the Gluon FP8 kernels need an sm90 GPU")
+@pytest.mark.parametrize("config", GLUON_FP8_CONFIGS, ids=list(GLUON_FP8_CONFIGS))
+def test_gluon_fp8_invalid_cu_seqlens_do_not_fault(monkeypatch, config):
+    """Invalid ``cu_seqlens`` under each config: unspecified values, but no fault and no write
+    past NvS (the outputs are the first 256 rows of larger buffers)."""
+    fields = dict(block_n=128, block_k=128, pingpong=True, **GLUON_FP8_CONFIGS[config])
+    launched = _forced_fp8_table(monkeypatch, fields, second=False)
+    for ends in INVALID_ENDS.values():
+        layout = Layout("invalid", (0,) * len(ends), 256, k=256, n=256)
+        args = list(_experts_args(layout, torch.bfloat16, "cuda"))
+        args[-1] = torch.tensor(ends, dtype=torch.int32, device="cuda")
+        x_big = torch.full((512, layout.k), 7.0, dtype=torch.bfloat16, device="cuda")
+        gemm_big = torch.full((512, layout.n), 7.0, dtype=torch.bfloat16, device="cuda")
+        torch.ops.moonep.experts_fp8_out(*args, x_big[:256])
+        torch.ops.moonep.grouped_gemm_fp8_out(args[0], args[1], args[2], args[-1], gemm_big[:256])
+        torch.cuda.synchronize()
+        assert torch.equal(x_big[256:], torch.full_like(x_big[256:], 7.0)), "a write past NvS"
+        assert torch.equal(gemm_big[256:], torch.full_like(gemm_big[256:], 7.0)), "a write past NvS"
+    assert {launch.fused for launch in launched} == {False, True}, "the forced configs did not reach both GEMMs"
+
+
 # The two kinds of layout of a GEMM that the config table launches twice. The second launch's
 # (on_multi_tile=True): live segments of 2.5 full 128-row tiles on average (MoonEP's padding; so is
 # MOONEP_PADDING, at 1.25). The first launch's: segments of one tile (MOONEP_DECODE), or of two
