@@ -92,7 +92,8 @@ class Problem:
     ``zero_col_tiles``: column chunks of the tail the producer zeroes; ``spread``: 1 where idle
     tiles are skipped and the programs swap items in pairs every other round (``SKIP_IDLE_TILES``
     on an even grid; :func:`.schedule.program_item`), else 0. ``walk_group``, ``walk_tiles``,
-    ``walk_end``: the segment cursor the program's walks start from (:func:`.kernel._totals`)."""
+    ``walk_end``: the segment cursor the program's walks start from (:func:`.kernel._totals`; not read
+    with the row-tile handoff, whose partitions start at the first segment)."""
     out_ptr: gl.tensor
     row_weights_ptr: gl.tensor
     cu_seqlens_ptr: gl.tensor

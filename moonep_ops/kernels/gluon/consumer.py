@@ -242,7 +242,10 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
     out_buf = smem.out_bufs.index(PARITY)
     pid, num_progs = programs()
     k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
-    segment = (problem.walk_group, problem.walk_tiles, problem.walk_tiles, 0, problem.walk_end)  # schedule.walk
+    if features.HANDOFF:  # the segment cursor (schedule.walk), written here as in the producer
+        segment = (-1, 0, 0, 0, 0)
+    else:
+        segment = (problem.walk_group, problem.walk_tiles, problem.walk_tiles, 0, problem.walk_end)
     pending = -1  # SIGNAL_ROWS: the row tile of this consumer's last stored item, not yet signalled
     if features.HANDOFF:
         item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])

@@ -63,10 +63,6 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                      col_tiles if GROUP_MAJOR else 1, BLOCK_M, BLOCK_G, SKIP_IDLE_TILES, RUN_ON, not HANDOFF,
                      num_warps)
     real_tiles, live_segments, live_end, walk_group, walk_tiles, walk_end = totals
-    if HANDOFF:  # constants: a helper's results are runtime values, which partitions read from smem
-        walk_group = -1
-        walk_tiles = 0
-        walk_end = 0
     spread = 0  # (a constant where the programs never swap items)
     if SKIP_IDLE_TILES:
         spread = _spread(real_tiles, live_segments)

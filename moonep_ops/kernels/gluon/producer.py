@@ -218,11 +218,14 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
     GROUP_MAJOR: gl.constexpr = tiling.GROUP_MAJOR
     BLOCK_M: gl.constexpr = tiling.BLOCK_M
-    group = problem.walk_group  # the segment cursor (see schedule.walk)
-    tiles_before = problem.walk_tiles
-    tiles_through = problem.walk_tiles
-    start = 0
-    end = problem.walk_end
+    # The segment cursor (see schedule.walk). The handoff's walks start at the first segment, its
+    # cursor written here: a constant passed in from the entry is a runtime value on Triton 3.6, and
+    # a partition's runtime values go through shared memory.
+    if features.HANDOFF:
+        group, tiles_before, tiles_through, start, end = -1, 0, 0, 0, 0
+    else:
+        group, tiles_before, tiles_through, start, end = (problem.walk_group, problem.walk_tiles,
+                                                          problem.walk_tiles, 0, problem.walk_end)
     prefetched = 0  # stages whose weight loads were issued before the grid-wide wait
     if features.WAIT_PRIOR and not features.HANDOFF:
         group, tiles_before, tiles_through, start, end, prefetched = _prefetch_first_item(
