@@ -64,6 +64,15 @@ LAYOUTS = [
     Layout("k1001_n300", (9, 0, 14), 30, k=1001, n=300),
 ]
 LAYOUT_IDS = [layout.name for layout in LAYOUTS]
+# Invalid cu_seqlens for the GPU kernels (unspecified values, never a fault or a write past NvS):
+# non-monotone, negative, past NvS, and long runs of empty and decreasing ends, which the segment
+# walks step over
+INVALID_ENDS = {
+    "decreasing": [100, 50, 400],
+    "negative_then_past": [-5, 300, 200],
+    "int32_large": [0, 0, 1 << 24],
+    "long_runs": [0] * 300 + [100, 50] + [50] * 300 + [400] + [30] * 40,
+}
 
 
 def fill_tail_nan(t: torch.Tensor, start: int) -> torch.Tensor:

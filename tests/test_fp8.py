@@ -19,7 +19,7 @@ import moonep_ops
 from moonep_ops import fp8
 
 from .conftest import DEVICES
-from .layouts import Layout, experts_inputs, fp8_experts_inputs, zero_padding_rows
+from .layouts import INVALID_ENDS, Layout, experts_inputs, fp8_experts_inputs, zero_padding_rows
 from .reference import (TOLERANCE, experts_ref, grouped_gemm_ref, rel_err, row_groups,
                         silu_mul_weight_ref)
 
@@ -375,14 +375,8 @@ def test_gluon_fp8_configs(monkeypatch, layout, config):
                 "block-major weights did not reach both Gluon GEMMs"
 
 
-# Invalid ends: non-monotone, past NvS, and long runs of empty or decreasing ones between them
-# (either segment walk steps over those runs and must stay inside cu_seqlens)
-INVALID_ENDS = {
-    "decreasing": [100, 50, 400],
-    "negative_then_past": [-5, 300, 200],
-    "int32_large": [0, 0, 1 << 24],
-    "long_runs": [0] * 300 + [100, 50] + [50] * 300 + [400] + [30] * 40 + [30, 30, 31],
-}
+# The shared invalid ends, the long runs followed by a live last segment
+FP8_INVALID_ENDS = dict(INVALID_ENDS, long_runs=INVALID_ENDS["long_runs"] + [30, 30, 31])
 
 
 @pytest.mark.cuda
@@ -393,7 +387,7 @@ def test_gluon_fp8_invalid_cu_seqlens_do_not_fault(monkeypatch, config):
     past NvS (the outputs are the first 256 rows of larger buffers)."""
     fields = dict(block_n=128, block_k=128, pingpong=True, **GLUON_FP8_CONFIGS[config])
     launched = _forced_fp8_table(monkeypatch, fields, second=False)
-    for ends in INVALID_ENDS.values():
+    for ends in FP8_INVALID_ENDS.values():
         layout = Layout("invalid", (0,) * len(ends), 256, k=256, n=256)
         args = list(_experts_args(layout, torch.bfloat16, "cuda"))
         args[-1] = torch.tensor(ends, dtype=torch.int32, device="cuda")
