@@ -45,6 +45,11 @@ __all__ = ["BLOCK", "FP8_DTYPE", "FP8_MAX", "num_blocks", "scale_shape", "weight
            "to_block_major", "from_block_major", "quantize_weight", "dequantize_weight", "quantize_rows"]
 
 
+def _check_tensor(fn_name: str, name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn_name}: {name} must be a Tensor, got {type(t).__name__}")
+
+
 def num_blocks(size):
     """``ceil(size / BLOCK)``; works on ints and on symbolic sizes."""
     return (size + BLOCK - 1) // BLOCK
@@ -72,6 +77,7 @@ def weight_dims(w: torch.Tensor) -> tuple:
 def to_block_major(w: torch.Tensor) -> torch.Tensor:
     """``w [G, N, K]`` -> contiguous ``[G, N/128, K/128, 128, 128]`` (block ``(i, j)`` of group
     ``g`` is ``w[g, 128i:128i+128, 128j:128j+128]``); N and K must be multiples of 128."""
+    _check_tensor("to_block_major", "w", w)
     if w.dim() != 3 or w.shape[1] % BLOCK or w.shape[2] % BLOCK:
         raise ValueError(f"to_block_major: w must be [G, N, K] with N and K multiples of {BLOCK}, "
                          f"got shape {list(w.shape)}")
@@ -81,6 +87,7 @@ def to_block_major(w: torch.Tensor) -> torch.Tensor:
 
 def from_block_major(w: torch.Tensor) -> torch.Tensor:
     """The inverse of :func:`to_block_major`: contiguous ``[G, N, K]``."""
+    _check_tensor("from_block_major", "w", w)
     if not is_block_major(w) or w.shape[3] != BLOCK or w.shape[4] != BLOCK:
         raise ValueError(f"from_block_major: w must be [G, N/{BLOCK}, K/{BLOCK}, {BLOCK}, {BLOCK}], "
                          f"got shape {list(w.shape)}")
@@ -123,6 +130,7 @@ def quantize_weight(w: torch.Tensor) -> tuple:
     """``w [G, N, K]`` (any float dtype) -> ``(w_fp8 [G, N, K] e4m3fn, scale [G, ceil(N/128),
     ceil(K/128)] fp32)``, both contiguous: per 128 x 128 block ``scale = amax(|block|) / 448``
     and ``w_fp8 = e4m3fn(w / scale)`` in fp32 (0 for an all-zero block)."""
+    _check_tensor("quantize_weight", "w", w)
     if w.dim() != 3:
         raise ValueError(f"quantize_weight: w must be 3-D [G, N, K], got shape {list(w.shape)}")
     g, n, k = w.shape
@@ -138,6 +146,8 @@ def quantize_weight(w: torch.Tensor) -> tuple:
 def dequantize_weight(w_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``w_fp8[g, n, k] * scale[g, n // 128, k // 128]`` in fp32, ``[G, N, K]`` (``w_fp8`` in
     either layout)."""
+    _check_tensor("dequantize_weight", "w_fp8", w_fp8)
+    _check_tensor("dequantize_weight", "scale", scale)
     if is_block_major(w_fp8):
         w_fp8 = from_block_major(w_fp8)
     if w_fp8.dim() != 3 or tuple(scale.shape) != scale_shape(w_fp8.shape):
@@ -152,6 +162,7 @@ def quantize_rows(x: torch.Tensor) -> tuple:
     per row and group of 128 columns ``s = amax(|group|) / 448``, ``q = e4m3fn(x * m)`` with
     ``m = min(448 / amax, FLT_MAX)`` (0 where ``amax == 0``). Every row is read: pass only the
     live rows."""
+    _check_tensor("quantize_rows", "x", x)
     if x.dim() != 2:
         raise ValueError(f"quantize_rows: x must be 2-D [R, K], got shape {list(x.shape)}")
     x32 = x.float()

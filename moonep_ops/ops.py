@@ -33,7 +33,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, cu_seqlens: torch.Tensor, *,
         ``cu_seqlens[-1]`` are zero, and those rows of ``a`` are never read.
     """
     # The FP8 op only with a scale or e4m3fn weights: one cheap test in front of the bf16 path.
-    if w_scale is None and (w is None or w.dtype is not _FP8):
+    if w_scale is None and not _is_fp8(w):
         if out is None:
             return _ops.grouped_gemm(a, w, cu_seqlens)
         _ops.grouped_gemm_out(a, w, cu_seqlens, out)
@@ -119,7 +119,7 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     """
     # FP8 weights or any scale: the FP8 op. The bf16 path pays only these four tests.
     if (w_gate_scale is not None or w_up_scale is not None or w_down_scale is not None
-            or (w_gate is not None and w_gate.dtype is _FP8)):
+            or _is_fp8(w_gate)):
         return _experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights,
                             cu_seqlens, out)
     if not _needs_grad(x, w_gate, w_up, w_down, route_weights):
@@ -153,12 +153,20 @@ def _experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale
 def _check_experts_args(x, w_gate, w_up, w_down, route_weights, cu_seqlens) -> None:
     """What ``moonep::experts`` checks, under its name: the metadata, then the values of
     ``cu_seqlens`` where that op reads them (CPU; CUDA with ``MOONEP_OPS_DEBUG=1``)."""
-    checks.checked(checks.check_experts, "experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    args = (x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    if not all(t is None or isinstance(t, torch.Tensor) for t in args):
+        _ops.experts(*args)  # raises: the dispatcher names the argument that is not a Tensor
+    checks.checked(checks.check_experts, "experts", *args)
     if cu_seqlens.device.type == "cpu":
         checks.check_cu_seqlens_values("experts", cu_seqlens, x.shape[0])
     elif cu_seqlens.device.type == "cuda":
         checks.debug_checks("experts", cu_seqlens, x.shape[0])
 
 
+def _is_fp8(w) -> bool:
+    # (Anything but a Tensor goes on to the op, whose error names it.)
+    return isinstance(w, torch.Tensor) and w.dtype is _FP8
+
+
 def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)

@@ -716,6 +716,52 @@ grad=None: moonep::silu_mul_weight_backward: grad must be a Tensor, got None
 grad=None: moonep::grouped_gemm_silu_mul_backward: grad must be a Tensor, got None""")
 
 
+def _not_a_tensor_messages(case, fn, args, names, fake=True):
+    """``fn(*args)`` with each of ``names`` (positions of ``args``) replaced by a list, one line
+    each: the first line of the message (the dispatcher's, which goes on with the schema)."""
+    lines = []
+    for i, name in names.items():
+        bad = list(args)
+        bad[i] = [1.0, 2.0]
+        lines.append(f"{name}: {case.raises(fn, *bad, fake=fake).splitlines()[0]}")
+    return "\n".join(lines)
+
+
+class TestNotATensor(BadInputCase):
+    """Something other than a Tensor or None (a list) where a tensor goes: the op and the argument
+    named, never an error from inside the Python API."""
+
+    def test_grouped_gemm(self):
+        a, w, cu = _gg_args()
+        self.assertExpectedInline(_not_a_tensor_messages(self, moonep_ops.grouped_gemm, (a, w, cu), {0: "a", 1: "w"}),
+                                  """\
+a: moonep::grouped_gemm() Expected a value of type 'Tensor' for argument 'a' but instead found type 'list'.
+w: moonep::grouped_gemm() Expected a value of type 'Tensor' for argument 'w' but instead found type 'list'.""")
+        out = functools.partial(moonep_ops.grouped_gemm, out=torch.empty(NVS, N))
+        self.assertExpectedInline(_not_a_tensor_messages(self, out, (a, w, cu), {1: "w"}), """\
+w: moonep::grouped_gemm_out() Expected a value of type 'Tensor' for argument 'w' but instead found type 'list'.""")
+
+    def test_moonep_experts_with_and_without_grad(self):
+        x, wg, wu, wd, rw, cu = _experts_args()
+        names = {0: "x", 1: "w_gate", 2: "w_up", 3: "w_down", 4: "cu", 5: "route_weights"}
+        no_grad = _not_a_tensor_messages(self, moonep_ops.moonep_experts, (x, wg, wu, wd, cu, rw), names)
+        self.assertExpectedInline(no_grad, """\
+x: moonep::experts() Expected a value of type 'Tensor' for argument 'x' but instead found type 'list'.
+w_gate: moonep::experts() Expected a value of type 'Tensor' for argument 'w_gate' but instead found type 'list'.
+w_up: moonep::experts() Expected a value of type 'Tensor' for argument 'w_up' but instead found type 'list'.
+w_down: moonep::experts() Expected a value of type 'Tensor' for argument 'w_down' but instead found type 'list'.
+cu: moonep::experts() Expected a value of type 'Tensor' for argument 'cu_seqlens' but instead found type 'list'.
+route_weights: moonep::experts() Expected a value of type 'Optional[Tensor]' for argument 'route_weights' but instead found type 'list'.""")
+        # With grad the wrapper composes the training ops; the messages must not change.
+        for grad in (1, 3):
+            args = [x, wg, wu, wd, cu, rw]
+            args[grad] = args[grad].detach().requires_grad_()
+            with_grad = {i: n for i, n in names.items() if i != grad}
+            self.assertEqual(_not_a_tensor_messages(self, moonep_ops.moonep_experts, args, with_grad, fake=False),
+                             "\n".join(line for line in no_grad.splitlines()
+                                        if not line.startswith(names[grad] + ":")))
+
+
 class TestMoonepExpertsCuSeqlensValues(BadInputCase):
     """Bad cu_seqlens values read as moonep::experts' error whether or not a gradient is needed."""
 

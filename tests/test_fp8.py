@@ -781,6 +781,21 @@ def test_helpers_refuse_wrong_ranks():
         fp8.dequantize_weight(torch.randn(1, 4, 4).to(FP8), torch.ones(1, 2, 1))
 
 
+def test_helpers_refuse_what_is_not_a_tensor():
+    calls = [(fp8.quantize_weight, ([1.0],)), (fp8.quantize_rows, ([1.0],)), (fp8.to_block_major, (None,)),
+             (fp8.from_block_major, (3,)), (fp8.dequantize_weight, (torch.ones(1, 4, 4).to(FP8), [1.0]))]
+    messages = []
+    for fn, args in calls:
+        with pytest.raises(TypeError) as info:
+            fn(*args)
+        messages.append(str(info.value))
+    assert messages == ["quantize_weight: w must be a Tensor, got list",
+                        "quantize_rows: x must be a Tensor, got list",
+                        "to_block_major: w must be a Tensor, got NoneType",
+                        "from_block_major: w must be a Tensor, got int",
+                        "dequantize_weight: scale must be a Tensor, got list"]
+
+
 def test_exported_from_the_package():
     assert moonep_ops.fp8 is fp8 and fp8.BLOCK == 128
     assert {"quantize_weight", "dequantize_weight", "quantize_rows", "BLOCK"} <= set(fp8.__all__)
