@@ -313,18 +313,30 @@ def bench(args) -> int:
     return int(bench_run.main(args.bench_args) or 0)
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moonep_ops", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
     p_check = sub.add_parser("check", help="eager and compiled expert path vs a float64 reference (default)")
-    sub.add_parser("bench", help="run benchmarks/run.py from a source checkout (other arguments go to it)")
+    # (no help option of its own: --help goes on to benchmarks/run.py with the other arguments)
+    sub.add_parser("bench", add_help=False,
+                   help="run benchmarks/run.py from a source checkout (other arguments go to it)")
     for p, suppress in ((parser, False), (p_check, True)):
         # The subcommand's copies must not overwrite what was given before "check".
         def default(value):
             return argparse.SUPPRESS if suppress else value
         p.add_argument("--device", default=default("auto"), choices=["auto", "cpu", "cuda"])
         p.add_argument("--dtype", default=default("auto"), choices=["auto", "bf16", "fp16", "fp32"])
-        p.add_argument("--repeats", type=int, default=default(20),
+        p.add_argument("--repeats", type=_at_least_one, default=default(20),
                        help="at most this many timing batches of 5 calls (median reported)")
     args, extra = parser.parse_known_args(argv)
     if args.command == "bench":
@@ -332,6 +344,8 @@ def main(argv=None) -> int:
         return bench(args)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False)")
     return check(args)
 
 

@@ -1,9 +1,10 @@
-"""``python -m moonep_ops``'s verdicts (CPU): what :func:`verify` reports as failures, and the FP8
-line's check passing on the CPU kernels."""
+"""``python -m moonep_ops``'s verdicts (CPU): what :func:`verify` reports as failures, the FP8
+line's check passing on the CPU kernels, and the arguments it refuses."""
 
+import pytest
 import torch
 
-from moonep_ops.__main__ import check_fp8, verify
+from moonep_ops.__main__ import check_fp8, main, verify
 
 
 def _case():
@@ -41,3 +42,17 @@ def test_fp8_line_passes_on_cpu():
     line, failures = check_fp8()
     assert failures == []
     assert line.startswith("fp8 (CPU)   experts with e4m3fn weights against their float64 semantics: max abs err ")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+    (["check", "--repeats", "-3"], "argument --repeats: must be at least 1, got -3"),
+    (["--repeats", "x"], "argument --repeats: must be an integer, got 'x'"),
+    (["--device", "cuda"], "--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False)"),
+])
+def test_bad_arguments_are_usage_errors(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"error: {message}")
