@@ -249,7 +249,10 @@ def main(argv=None) -> int:
                         help="a file of output digests: each problem's first output is checked against the digest "
                              "kept there, or kept there where there is none (benchmarks.ab_code's copies)")
     args = parser.parse_args(argv)
-    variants = [parse_variant(spec) for spec in args.variants]
+    try:
+        variants = [parse_variant(spec) for spec in args.variants]
+    except ValueError as exc:
+        parser.error(str(exc))
     if len({v.name for v in variants}) != len(variants):
         parser.error("variant names must differ")
     shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]

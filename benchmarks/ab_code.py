@@ -132,6 +132,8 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     directories = dict(zip(names, args.baselines + [None]))
     for directory in args.baselines:
+        if not os.path.isdir(directory):
+            parser.error(f"no directory {directory}")
         package = package_file(directory)
         if not package.startswith(os.path.abspath(directory) + os.sep):
             parser.error(f"moonep_ops imports from {package}, not from {directory}")

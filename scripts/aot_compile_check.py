@@ -157,6 +157,10 @@ GEMM_KERNELS = ("grouped_gemm_kernel", "gluon_grouped_gemm_kernel", "grouped_gem
                 "grouped_gemm_silu_mul_backward_kernel", "grouped_gemm_fp8_kernel")
 
 
+# The targets --targets takes: the CUDA architectures the kernels are built for (sm80 up).
+TARGETS = ("80", "86", "89", "90", "100")
+
+
 # The tensor-core path a bf16/fp16 GEMM must take per target: (record key, what the SASS shows).
 TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm90": ("hgmma", "HGMMA")}
 HMMA_PATH = ("hmma", "HMMA")  # sm80, sm86, sm89
@@ -465,12 +469,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.selftest:
         return selftest()
-    dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[d]
-              for d in args.dtypes.split(",")]
-    problems = PROBLEMS if args.problems is None else [PROBLEMS[int(i)] for i in args.problems.split(",")]
+    known_dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    targets, dtype_names = args.targets.split(","), args.dtypes.split(",")
+    problem_ids = [] if args.problems is None else args.problems.split(",")
+    for values, known, option in ((targets, TARGETS, "--targets"), (dtype_names, known_dtypes, "--dtypes"),
+                                  (problem_ids, [str(i) for i in range(len(PROBLEMS))], "--problems")):
+        unknown = [v for v in values if v not in known]
+        if unknown:
+            parser.error(f"{option}: {', '.join(unknown)} not among {', '.join(known)}")
+    dtypes = [known_dtypes[d] for d in dtype_names]
+    problems = PROBLEMS if args.problems is None else [PROBLEMS[int(i)] for i in problem_ids]
     print(f"# triton {triton.__version__}, torch {torch.__version__}")
     records = []
-    for arch in (int(t) for t in args.targets.split(",")):
+    for arch in (int(t) for t in targets):
         for portable in ((False, True) if arch >= 90 and not args.no_portable else (False,)):
             records += check_target(arch, dtypes, portable, problems)
     failures = _report(records)

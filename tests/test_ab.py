@@ -50,6 +50,13 @@ def test_bad_specs_are_refused(spec, message):
     assert str(err.value).startswith(message)
 
 
+def test_a_bad_spec_on_the_command_line_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        ab.main(["table", "v:stage=4"])
+    assert info.value.code == 2
+    assert "error: benchmarks.ab: 'stage=4' in variant 'v' is not" in capsys.readouterr().err
+
+
 def test_rounds_alternate_the_order():
     assert [ab.round_order(["a", "b", "c"], r) for r in range(3)] == [["a", "b", "c"], ["c", "b", "a"],
                                                                       ["a", "b", "c"]]

@@ -28,6 +28,9 @@ def test_main_refuses_a_baseline_without_the_package(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ab_code.main([str(tmp_path)])
     assert "moonep_ops imports from" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab_code.main([str(tmp_path / "missing")])
+    assert capsys.readouterr().err.rstrip().endswith(f"error: no directory {tmp_path / 'missing'}")
 
 
 def test_rounds_alternate_the_copies_and_pair_their_samples():
@@ -69,6 +72,8 @@ def test_main_passes_the_other_options_to_benchmarks_ab(tmp_path, monkeypatch, c
 
 def test_more_copies_take_their_directories_names_and_turns(tmp_path, monkeypatch, capsys):
     dirs = [str(tmp_path / name) for name in ("base_dir", "probe", "other")]
+    for directory in dirs:
+        os.mkdir(directory)
     monkeypatch.setattr(ab_code, "package_file",
                         lambda directory: os.path.join(os.path.abspath(directory), "moonep_ops", "__init__.py"))
     calls = []

@@ -114,3 +114,21 @@ def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys, switches):
     assert mma and int(mma.group(1)) > 0 and int(mma.group(2)) >= 2, printed
     ptx = list((tmp_path / "triton").glob("*_grouped_gemm_kernel_sm90.ptx"))
     assert ptx and "wgmma.mma_async" in ptx[0].read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--targets", "90,91"], "--targets: 91 not among 80, 86, 89, 90, 100"),
+    (["--dtypes", "int8"], "--dtypes: int8 not among bf16, fp16, fp32"),
+    (["--problems", "0,99"], "--problems: 99 not among 0, 1, 2, 3"),
+])
+def test_the_check_refuses_unknown_targets_dtypes_and_problems(argv, message, capsys):
+    """Before compiling anything (an unknown target aborted inside LLVM)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    try:
+        import aot_compile_check
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(SystemExit) as info:
+        aot_compile_check.main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"error: {message}")
