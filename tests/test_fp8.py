@@ -65,13 +65,41 @@ def ref_grouped_gemm_fp8(a, w, w_scale, cu_seqlens) -> torch.Tensor:
     return grouped_gemm_ref(_live_quantized(a, cu_seqlens), ref_weight(w, w_scale), cu_seqlens)
 
 
-def ref_experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights,
-                    cu_seqlens) -> torch.Tensor:
+def _ref_act(x, w_gate, w_gate_scale, w_up, w_up_scale, route_weights, cu_seqlens) -> torch.Tensor:
+    """The experts' float64 ``act`` (before its quantization)."""
     x_q = _live_quantized(x, cu_seqlens)
     gate = grouped_gemm_ref(x_q, ref_weight(w_gate, w_gate_scale), cu_seqlens)
     up = grouped_gemm_ref(x_q, ref_weight(w_up, w_up_scale), cu_seqlens)
-    act = silu_mul_weight_ref(gate, up, route_weights, cu_seqlens)
+    return silu_mul_weight_ref(gate, up, route_weights, cu_seqlens)
+
+
+def ref_experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights,
+                    cu_seqlens) -> torch.Tensor:
+    act = _ref_act(x, w_gate, w_gate_scale, w_up, w_up_scale, route_weights, cu_seqlens)
     return grouped_gemm_ref(_live_quantized(act, cu_seqlens), ref_weight(w_down, w_down_scale), cu_seqlens)
+
+
+def act_tie_slack(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
+                  window: float) -> torch.Tensor:
+    """How far the experts' output may lie from :func:`ref_experts_fp8` because of ``act``'s elements
+    near an e4m3 rounding tie: an element whose scaled value ``act / s`` lies within ``window``
+    (relative) of the midpoint between two e4m3 values may round either way once ``act`` is
+    computed in fp32 rather than float64 (exact ties are common with a few K elements: e4m3
+    weights hold exact ratios). Per output element, the sum over such elements of the e4m3 step
+    times ``s`` times ``|w_down|``; zero where there is none."""
+    act = _ref_act(x, w_gate, w_gate_scale, w_up, w_up_scale, route_weights, cu_seqlens)
+    live = row_groups(cu_seqlens, act.shape[0]) < cu_seqlens.numel()
+    steps = torch.zeros_like(act)
+    for start in range(0, act.shape[1], 128):
+        group = act[live, start:start + 128].float()
+        amax = group.abs().amax(dim=1, keepdim=True).double()
+        scaled = torch.where(amax > 0, group.double() * 448.0 / amax, torch.zeros_like(group.double())).abs()
+        # e4m3's spacing at |scaled|: 2^(exponent - 3), and 2^-9 among the subnormals (below 2^-6)
+        spacing = torch.exp2(torch.floor(torch.log2(scaled.clamp(min=2.0 ** -6))) - 3)
+        frac = scaled / spacing - torch.floor(scaled / spacing)
+        tie = (frac - 0.5).abs() * spacing <= window * scaled
+        steps[live, start:start + 128] = torch.where(tie, spacing * amax / 448.0, torch.zeros_like(spacing))
+    return grouped_gemm_ref(steps, ref_weight(w_down, w_down_scale).abs(), cu_seqlens)
 
 
 # --- layouts: H = k, I = n; odd sizes unless the name says otherwise ----------------------------
