@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from . import checks
+from . import autocast, checks
 from .schemas import overloads as _ops
 
 _FP8 = torch.float8_e4m3fn
@@ -129,6 +129,8 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
         return out
     # Training composes the separate ops; bad input still reads as the experts op's error, as
     # without grad (under torch.compile the ops' fakes check: Dynamo cannot trace the lazy messages).
+    _check_tensors_or_none(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    x, w_gate, w_up, w_down = autocast.cast_if_enabled((x, w_gate, w_up, w_down))  # (as the op would)
     if not torch.compiler.is_compiling():
         _check_experts_args(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     if recompute or not _needs_grad(x, w_gate, w_up, route_weights):  # (only w_down: nothing to save)
@@ -154,13 +156,16 @@ def _check_experts_args(x, w_gate, w_up, w_down, route_weights, cu_seqlens) -> N
     """What ``moonep::experts`` checks, under its name: the metadata, then the values of
     ``cu_seqlens`` where that op reads them (CPU; CUDA with ``MOONEP_OPS_DEBUG=1``)."""
     args = (x, w_gate, w_up, w_down, route_weights, cu_seqlens)
-    if not all(t is None or isinstance(t, torch.Tensor) for t in args):
-        _ops.experts(*args)  # raises: the dispatcher names the argument that is not a Tensor
     checks.checked(checks.check_experts, "experts", *args)
     if cu_seqlens.device.type == "cpu":
         checks.check_cu_seqlens_values("experts", cu_seqlens, x.shape[0])
     elif cu_seqlens.device.type == "cuda":
         checks.debug_checks("experts", cu_seqlens, x.shape[0])
+
+
+def _check_tensors_or_none(*args) -> None:
+    if not all(t is None or isinstance(t, torch.Tensor) for t in args):
+        _ops.experts(*args)  # raises: the dispatcher names the argument that is not a Tensor
 
 
 def _is_fp8(w) -> bool:
