@@ -80,3 +80,11 @@ def test_import_without_vllm(blocker):
                  for line in out.splitlines() if line.startswith(("NEW_MODULES", "EAGER")))
     assert int(lines["NEW_MODULES"]) > 0, out  # the import really happened in the child
     assert lines["EAGER"] == "", f"import moonep_ops imported {lines['EAGER']} eagerly"
+
+
+def test_the_package_says_it_is_typed():
+    """PEP 561: ``py.typed`` beside the package's modules, so type checkers read its annotations
+    (pyproject.toml ships it)."""
+    import importlib.resources
+
+    assert importlib.resources.files("moonep_ops").joinpath("py.typed").is_file()
