@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
+import moonep_ops
 from tests.reference import TOLERANCE, experts_ref, rel_err
 
 from .cases import CASES, IMPLS, experts_inputs
@@ -114,3 +115,30 @@ def test_moe_layer_fullgraph(impl, dtype, backend, top1, fresh_dynamo):
     assert_no_graph_breaks()
     assert counter.frame_count == 1, "new routing must not recompile"
 
+
+
+def test_compiles_where_only_pt2_compliant_ops_are_allowed(fresh_dynamo):
+    """The ops carry ``torch.Tag.pt2_compliant_tag``: Dynamo's ``only_allow_pt2_compliant_ops``
+    takes them, forward and backward (and refuses an op without the tag: the control)."""
+    inputs = experts_inputs(SHAPE, torch.float32)
+    x, w_gate, w_up, w_down, cu, rw = inputs
+    leaves = [t.detach().requires_grad_() for t in (w_gate, w_up, w_down)]
+
+    def step(x, w_gate, w_up, w_down):
+        return moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw)
+
+    with torch._dynamo.config.patch(only_allow_pt2_compliant_ops=True):
+        with torch.no_grad():
+            out = torch.compile(step, backend="aot_eager", fullgraph=True)(*inputs[:4])
+        assert torch.equal(out, moonep_ops.moonep_experts(*inputs))
+        torch.compile(step, backend="aot_eager", fullgraph=True)(x, *leaves).sum().backward()
+        assert all(t.grad is not None for t in leaves)
+
+        lib = torch.library.Library("moonep_untagged_control", "FRAGMENT")
+        lib.define("twice(Tensor x) -> Tensor")
+        lib.impl("twice", lambda t: t * 2, "CompositeExplicitAutograd")
+        lib.impl("twice", lambda t: torch.empty_like(t), "Meta")
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="pt2_compliant"):
+            torch.compile(lambda t: torch.ops.moonep_untagged_control.twice(t), backend="eager",
+                          fullgraph=True)(x)

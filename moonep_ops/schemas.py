@@ -71,7 +71,9 @@ SCHEMAS: dict[str, str] = {
 
 lib = torch.library.Library(NAMESPACE, "DEF")
 for _schema in SCHEMAS.values():
-    lib.define(_schema)
+    # PT2-compliant: every op passes torch.library.opcheck (tests/test_opcheck.py,
+    # tests/test_autograd.py), so torch.compile may take it where only such ops are allowed.
+    lib.define(_schema, tags=(torch.Tag.pt2_compliant_tag,))
 
 
 def op(name: str) -> torch._ops.OpOverload:

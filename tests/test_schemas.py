@@ -78,12 +78,16 @@ moonep::grouped_gemm_silu_mul_backward(Tensor grad, Tensor x, Tensor w_gate, Ten
             self.assertEqual(written, ["out"], name)
 
     def test_cpu_kernel_and_fake_registered(self):
-        # A CPU kernel for CI and a fake (Meta) impl for tracing, for every op.
+        # A CPU kernel for CI, a fake (Meta) impl for tracing and the autocast rules, for every op.
         for name in SCHEMAS:
             qualname = f"{NAMESPACE}::{name}"
-            for key in ("CPU", "Meta"):
+            for key in ("CPU", "Meta", "AutocastCPU", "AutocastCUDA"):
                 self.assertTrue(torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key),
                                 f"{qualname} has no {key} kernel")
+
+    def test_every_op_is_tagged_pt2_compliant(self):
+        # (each passes opcheck: tests/test_opcheck.py, tests/test_autograd.py)
+        self.assertEqual([name for name in SCHEMAS if torch.Tag.pt2_compliant_tag not in op(name).tags], [])
 
 
 if __name__ == "__main__":
