@@ -190,6 +190,25 @@ def test_overflow_is_caught():
         layout.dispatch(x, ids, w, 3, token_padding=8, num_rows=5)
 
 
+@pytest.mark.parametrize("change, message", [
+    (dict(ids=[[0, 9], [1, 2]]), "topk_ids must lie in [0, num_experts = 4), got ids from 0 to 9"),
+    (dict(ids=[[0, -1], [1, 2]]), "topk_ids must lie in [0, num_experts = 4), got ids from -1 to 2"),
+    (dict(ids=[[0.0, 1.0], [1.0, 2.0]]), "topk_ids must hold integers, got torch.float32"),
+    (dict(ids=[[0, 1]]), "topk_ids must be [S, K] with S = 2 (x's rows), got shape [1, 2]"),
+    (dict(weights=[[0.5, 0.5]]), "topk_weights must be shaped like topk_ids [2, 2], got [1, 2]"),
+    (dict(token_padding=0), "num_experts and token_padding must be at least 1 and num_prefetch at least 0, got 4, 0 "
+                            "and 0"),
+])
+def test_bad_dispatch_arguments_are_named(change, message):
+    """Before any indexing: an id out of range would otherwise fail inside (a device-side assert on
+    CUDA, where the range is not read: that would sync)."""
+    ids = torch.tensor(change.get("ids", [[0, 1], [1, 2]]))
+    weights = torch.tensor(change.get("weights", [[0.5, 0.5], [0.5, 0.5]]))
+    with pytest.raises(ValueError) as info:
+        layout.dispatch(torch.randn(2, 8), ids, weights, 4, token_padding=change.get("token_padding", 8))
+    assert str(info.value) == f"moonep_ops.layout.dispatch: {message}"
+
+
 def test_default_bound_fits_worst_case():
     """Every group (experts and slots) holding one row: the most padding the bound must absorb."""
     e = 6

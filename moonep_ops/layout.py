@@ -130,6 +130,7 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         weights_on_input: multiply each row by its router weight here (top-1, Llama-4 style);
             the experts must then be called with ``route_weights=None``.
     """
+    _check_dispatch_args(x, topk_ids, topk_weights, num_experts, token_padding, num_prefetch)
     num_tokens, hidden = x.shape
     topk = topk_ids.shape[1]
     n = num_tokens * topk
@@ -138,7 +139,7 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     if num_rows is None:
         num_rows = nvs_bound(num_tokens, topk, max(num_experts, -(-num_groups // 2)), token_padding)
     if num_rows < n:
-        raise ValueError(f"num_rows = {num_rows} cannot hold S*K = {n} rows")
+        raise ValueError(f"moonep_ops.layout.dispatch: num_rows = {num_rows} cannot hold S*K = {n} rows")
     cu, row_of, row_assign = _place_rows(topk_ids, num_experts, prefetch_for, token_padding, num_rows)
     src_token = row_assign // topk  # n // K == S: the sentinel comes for free
 
@@ -162,6 +163,30 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         row_of=row_of.view(num_tokens, topk),
         prefetch_for=prefetch_for,
     )
+
+
+def _check_dispatch_args(x, topk_ids, topk_weights, num_experts, token_padding, num_prefetch) -> None:
+    """The metadata :func:`dispatch` needs, and in eager CPU calls the expert ids' range (on CUDA
+    reading them would sync the host, and a traced graph cannot read them: there an id out of
+    range is an indexing error, on CUDA a device-side assert)."""
+    def fail(message):
+        raise ValueError(f"moonep_ops.layout.dispatch: {message}")
+
+    if x.dim() != 2:
+        fail(f"x must be 2-D [S, H], got shape {list(x.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        fail(f"topk_ids must be [S, K] with S = {x.shape[0]} (x's rows), got shape {list(topk_ids.shape)}")
+    if topk_ids.is_floating_point() or topk_ids.is_complex() or topk_ids.dtype == torch.bool:
+        fail(f"topk_ids must hold integers, got {topk_ids.dtype}")
+    if topk_weights.shape != topk_ids.shape:
+        fail(f"topk_weights must be shaped like topk_ids {list(topk_ids.shape)}, got {list(topk_weights.shape)}")
+    if num_experts < 1 or token_padding < 1 or num_prefetch < 0:
+        fail(f"num_experts and token_padding must be at least 1 and num_prefetch at least 0, got "
+             f"{num_experts}, {token_padding} and {num_prefetch}")
+    if topk_ids.device.type == "cpu" and topk_ids.numel() and not torch.compiler.is_compiling():
+        low, high = int(topk_ids.min()), int(topk_ids.max())
+        if low < 0 or high >= num_experts:
+            fail(f"topk_ids must lie in [0, num_experts = {num_experts}), got ids from {low} to {high}")
 
 
 def _prefetch_slots(topk_ids, num_experts: int, num_prefetch: int, prefetch_for, device) -> torch.Tensor:
