@@ -155,8 +155,7 @@ def _experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale
 def _check_experts_args(x, w_gate, w_up, w_down, route_weights, cu_seqlens) -> None:
     """What ``moonep::experts`` checks, under its name: the metadata, then the values of
     ``cu_seqlens`` where that op reads them (CPU; CUDA with ``MOONEP_OPS_DEBUG=1``)."""
-    args = (x, w_gate, w_up, w_down, route_weights, cu_seqlens)
-    checks.checked(checks.check_experts, "experts", *args)
+    checks.checked(checks.check_experts, "experts", x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     if cu_seqlens.device.type == "cpu":
         checks.check_cu_seqlens_values("experts", cu_seqlens, x.shape[0])
     elif cu_seqlens.device.type == "cuda":

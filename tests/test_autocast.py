@@ -118,6 +118,7 @@ def test_fp32_master_weights_get_the_gradients_of_an_explicit_cast(device, recom
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_in_the_region_equals_eager(device):
+    """Inference and a training step (fp32 master weights), one graph each."""
     x, wg, wu, wd, cu, rw = _inputs(device)
     torch._dynamo.reset()
 
@@ -126,4 +127,11 @@ def test_compiled_in_the_region_equals_eager(device):
             return moonep_ops.moonep_experts(x, wg, wu, wd, cu, rw)
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
-    assert torch.equal(compiled(x, wg, wu, wd), step(x, wg, wu, wd))
+    with torch.no_grad():
+        assert torch.equal(compiled(x, wg, wu, wd), step(x, wg, wu, wd))
+    grads = []
+    for fn in (step, compiled):
+        leaves = [t.detach().requires_grad_() for t in (wg, wu, wd)]
+        fn(x, *leaves).float().sum().backward()
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
