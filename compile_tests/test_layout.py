@@ -177,6 +177,10 @@ def test_combine_never_reads_padding_or_tail():
     assert rel_err(out, want) <= TOLERANCE[torch.float32]
     with pytest.raises(ValueError, match="num_tokens"):
         layout.combine(y, d, 8)
+    with pytest.raises(ValueError) as info:  # before an index past y's rows
+        layout.combine(y[:-1], d)
+    assert str(info.value) == (f"moonep_ops.layout.combine: y_nvs must be [NvS, H] with NvS = {d.num_rows} (the "
+                               f"dispatch's rows), got shape [{d.num_rows - 1}, 4]")
 
 
 def test_overflow_is_caught():

@@ -238,6 +238,10 @@ def combine(y_nvs: torch.Tensor, dispatched: Dispatched, num_tokens=None) -> tor
     row_of = dispatched.row_of
     if num_tokens is not None and num_tokens != row_of.shape[0]:
         raise ValueError(f"num_tokens = {num_tokens} but the dispatch had {row_of.shape[0]} tokens")
+    nvs = dispatched.x_nvs.shape[0]
+    if y_nvs.dim() != 2 or y_nvs.shape[0] != nvs:
+        raise ValueError(f"moonep_ops.layout.combine: y_nvs must be [NvS, H] with NvS = {nvs} (the dispatch's "
+                         f"rows), got shape {list(y_nvs.shape)}")
     acc = torch.float32 if y_nvs.dtype in (torch.bfloat16, torch.float16) else y_nvs.dtype
     picked = y_nvs.index_select(0, row_of.reshape(-1)).view(*row_of.shape, y_nvs.shape[1])
     return picked.to(acc).sum(1).to(y_nvs.dtype)
