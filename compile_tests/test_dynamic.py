@@ -45,6 +45,21 @@ def test_experts_dynamic_nvs(impl, dtype, backend, fresh_dynamo):
     assert fresh_dynamo["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_size_dynamic(dtype, fresh_dynamo):
+    """``torch.compile(dynamic=True)``: NvS, H, I and G all symbolic, one graph for three models."""
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(IMPLS["moonep"], backend=counter, fullgraph=True, dynamic=True)
+    for shape in (SHAPE, MoEShape(hidden=48, inter=40, experts=5), MoEShape(hidden=24, inter=16, experts=7)):
+        inputs = experts_inputs(shape, dtype)
+        live = int(inputs[4][-1])
+        out = compiled(*inputs)
+        assert torch.equal(out, IMPLS["moonep"](*inputs))
+        assert rel_err(out[:live], experts_ref(*inputs)[:live]) <= TOLERANCE[dtype]
+    assert_no_graph_breaks()
+    assert counter.frame_count == 1
+
+
 def test_static_nvs_recompiles_per_size(fresh_dynamo):
     """The control: the counter does see a recompile when NvS is not marked dynamic."""
     fn = IMPLS["moonep"]
