@@ -394,8 +394,14 @@ _PASSED: set = set()
 def checked(check, op_name: str, *args) -> tuple:
     """``check(op_name, *args)`` once per static signature of ``args`` (tensors or None; eager
     calls only: symbolic sizes are not hashable, so fakes call the checks directly). Returns that
-    signature: launch plans of the same call key on it instead of computing their own."""
-    key = (check, op_name, signature(*args))
+    signature: launch plans of the same call key on it instead of computing their own. A tensor
+    without storage (a ``torch.func`` transform's wrapper, reaching the public API) has no data
+    pointer for a signature: it is checked every call, and None returned."""
+    try:
+        key = (check, op_name, signature(*args))
+    except RuntimeError:
+        check(op_name, *args)
+        return None
     if key not in _PASSED:
         check(op_name, *args)
         _PASSED.add(key)

@@ -479,6 +479,22 @@ def test_out_variant_refuses_grad():
         torch.ops.moonep.experts_out(x, w_gate, w_up, w_down, rw, cu, torch.empty(layout.nvs, layout.k))
 
 
+def test_torch_func_transforms():
+    """``torch.func.grad`` reaches torch's own refusal (autograd registered with
+    ``torch.library.register_autograd`` has no functorch rule), not an error inside this package;
+    ``torch.func.vmap`` runs through torch's per-example fallback and equals the loop."""
+    layout = LAYOUTS[0]
+    x, w_gate, w_up, w_down, cu, rw = _experts_args(False)(layout, torch.float32, "cpu")
+    for recompute in (False, True):
+        with pytest.raises(RuntimeError, match="to use an autograd.Function with functorch transforms"):
+            torch.func.grad(lambda w: moonep_ops.moonep_experts(x, w, w_up, w_down, cu, rw,
+                                                                recompute=recompute).sum())(w_gate)
+    batch = torch.stack([x, x.flip(1)])
+    out = torch.func.vmap(lambda xx: moonep_ops.moonep_experts(xx, w_gate, w_up, w_down, cu, rw))(batch)
+    for i in range(2):
+        assert torch.equal(out[i], moonep_ops.moonep_experts(batch[i], w_gate, w_up, w_down, cu, rw))
+
+
 def test_out_variant_without_grad_still_writes_and_bumps_version():
     layout = LAYOUTS[0]
     a, w, cu = _gg_args(layout, torch.float32, "cpu")
