@@ -195,8 +195,8 @@ def test_overflow_is_caught():
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(ids=[[0, 9], [1, 2]]), "topk_ids must lie in [0, num_experts = 4), got ids from 0 to 9"),
-    (dict(ids=[[0, -1], [1, 2]]), "topk_ids must lie in [0, num_experts = 4), got ids from -1 to 2"),
+    (dict(ids=[[0, 9], [1, 2]]), "topk_ids must lie in [0, num_experts = 4)"),  # (the assert's RuntimeError)
+    (dict(ids=[[0, -1], [1, 2]]), "topk_ids must lie in [0, num_experts = 4)"),
     (dict(ids=[[0.0, 1.0], [1.0, 2.0]]), "topk_ids must hold integers, got torch.float32"),
     (dict(ids=[[0, 1]]), "topk_ids must be [S, K] with S = 2 (x's rows), got shape [1, 2]"),
     (dict(weights=[[0.5, 0.5]]), "topk_weights must be shaped like topk_ids [2, 2], got [1, 2]"),
@@ -204,11 +204,10 @@ def test_overflow_is_caught():
                             "and 0"),
 ])
 def test_bad_dispatch_arguments_are_named(change, message):
-    """Before any indexing: an id out of range would otherwise fail inside (a device-side assert on
-    CUDA, where the range is not read: that would sync)."""
+    """Before any indexing (ids out of range: an assert, as the segments' fit, so no host read)."""
     ids = torch.tensor(change.get("ids", [[0, 1], [1, 2]]))
     weights = torch.tensor(change.get("weights", [[0.5, 0.5], [0.5, 0.5]]))
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(RuntimeError if "lie in" in message else ValueError) as info:
         layout.dispatch(torch.randn(2, 8), ids, weights, 4, token_padding=change.get("token_padding", 8))
     assert str(info.value) == f"moonep_ops.layout.dispatch: {message}"
 

@@ -166,9 +166,9 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 
 
 def _check_dispatch_args(x, topk_ids, topk_weights, num_experts, token_padding, num_prefetch) -> None:
-    """The metadata :func:`dispatch` needs, and in eager CPU calls the expert ids' range (on CUDA
-    reading them would sync the host, and a traced graph cannot read them: there an id out of
-    range is an indexing error, on CUDA a device-side assert)."""
+    """The metadata :func:`dispatch` needs, and the expert ids' range as the segments' fit is
+    checked: an assert that raises at once on the CPU and is a device-side assert on CUDA (no
+    host read of the ids)."""
     def fail(message):
         raise ValueError(f"moonep_ops.layout.dispatch: {message}")
 
@@ -183,10 +183,9 @@ def _check_dispatch_args(x, topk_ids, topk_weights, num_experts, token_padding, 
     if num_experts < 1 or token_padding < 1 or num_prefetch < 0:
         fail(f"num_experts and token_padding must be at least 1 and num_prefetch at least 0, got "
              f"{num_experts}, {token_padding} and {num_prefetch}")
-    if topk_ids.device.type == "cpu" and topk_ids.numel() and not torch.compiler.is_compiling():
-        low, high = int(topk_ids.min()), int(topk_ids.max())
-        if low < 0 or high >= num_experts:
-            fail(f"topk_ids must lie in [0, num_experts = {num_experts}), got ids from {low} to {high}")
+    if topk_ids.numel():
+        torch._assert_async(((topk_ids >= 0) & (topk_ids < num_experts)).all(),
+                            f"moonep_ops.layout.dispatch: topk_ids must lie in [0, num_experts = {num_experts})")
 
 
 def _prefetch_slots(topk_ids, num_experts: int, num_prefetch: int, prefetch_for, device) -> torch.Tensor:
