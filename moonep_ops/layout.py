@@ -236,7 +236,8 @@ def combine(y_nvs: torch.Tensor, dispatched: Dispatched, num_tokens=None) -> tor
     """
     row_of = dispatched.row_of
     if num_tokens is not None and num_tokens != row_of.shape[0]:
-        raise ValueError(f"num_tokens = {num_tokens} but the dispatch had {row_of.shape[0]} tokens")
+        raise ValueError(f"moonep_ops.layout.combine: num_tokens = {num_tokens} but the dispatch had "
+                         f"{row_of.shape[0]} tokens")
     nvs = dispatched.x_nvs.shape[0]
     if y_nvs.dim() != 2 or y_nvs.shape[0] != nvs:
         raise ValueError(f"moonep_ops.layout.combine: y_nvs must be [NvS, H] with NvS = {nvs} (the dispatch's "

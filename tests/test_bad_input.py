@@ -630,14 +630,18 @@ class TestExpertsBadInput(BadInputCase):
             """moonep::experts_out: out must be contiguous, got shape [8, 16] with strides [1, 8]""")
 
 
-def _none_messages(case, fn, args, names, fake=True):
-    """``fn(*args)`` with each of ``names`` (positions of ``args``) replaced by None, one line each."""
-    lines = []
+def _replaced_messages(case, fn, args, names, value, fake):
+    """``(name, message)`` of ``fn(*args)`` with each of ``names`` (positions of ``args``) replaced
+    by ``value``."""
     for i, name in names.items():
         bad = list(args)
-        bad[i] = None
-        lines.append(f"{name}=None: {case.raises(fn, *bad, fake=fake)}")
-    return "\n".join(lines)
+        bad[i] = value
+        yield name, case.raises(fn, *bad, fake=fake)
+
+
+def _none_messages(case, fn, args, names, fake=True):
+    """``fn(*args)`` with each of ``names`` replaced by None, one line each."""
+    return "\n".join(f"{name}=None: {msg}" for name, msg in _replaced_messages(case, fn, args, names, None, fake))
 
 
 class TestNoneForARequiredTensor(BadInputCase):
@@ -717,14 +721,10 @@ grad=None: moonep::grouped_gemm_silu_mul_backward: grad must be a Tensor, got No
 
 
 def _not_a_tensor_messages(case, fn, args, names, fake=True):
-    """``fn(*args)`` with each of ``names`` (positions of ``args``) replaced by a list, one line
-    each: the first line of the message (the dispatcher's, which goes on with the schema)."""
-    lines = []
-    for i, name in names.items():
-        bad = list(args)
-        bad[i] = [1.0, 2.0]
-        lines.append(f"{name}: {case.raises(fn, *bad, fake=fake).splitlines()[0]}")
-    return "\n".join(lines)
+    """``fn(*args)`` with each of ``names`` replaced by a list, one line each: the first line of the
+    message (the dispatcher's, which goes on with the schema)."""
+    return "\n".join(f"{name}: {msg.splitlines()[0]}"
+                     for name, msg in _replaced_messages(case, fn, args, names, [1.0, 2.0], fake))
 
 
 class TestNotATensor(BadInputCase):
