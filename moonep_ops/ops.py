@@ -122,11 +122,11 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
             or _is_fp8(w_gate)):
         return _experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights,
                             cu_seqlens, out)
-    if not _needs_grad(x, w_gate, w_up, w_down, route_weights):
-        if out is None:
-            return _ops.experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+    if out is not None:  # (with a gradient wanted, experts_out's Autograd kernel raises under its name)
         _ops.experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
         return out
+    if not _needs_grad(x, w_gate, w_up, w_down, route_weights):
+        return _ops.experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     # Training composes the separate ops; bad input still reads as the experts op's error, as
     # without grad (under torch.compile the ops' fakes check: Dynamo cannot trace the lazy messages).
     _check_tensors_or_none(x, w_gate, w_up, w_down, route_weights, cu_seqlens)
@@ -137,7 +137,7 @@ def moonep_experts(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
         act = _ops.grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens)
     else:
         act, _, _ = _ops.grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlens)
-    return grouped_gemm(act, w_down, cu_seqlens, out=out)
+    return _ops.grouped_gemm(act, w_down, cu_seqlens)
 
 
 def _experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens, out):

@@ -473,8 +473,12 @@ def test_out_variant_refuses_grad():
     with pytest.raises(RuntimeError, match=r"moonep::grouped_gemm_out is not differentiable"):
         moonep_ops.grouped_gemm(a, w, cu, out=out)
     x, w_gate, w_up, w_down, cu, rw = _experts_args(True)(layout, torch.float32, "cpu")
-    with pytest.raises(RuntimeError, match=r"moonep::grouped_gemm_out is not differentiable"):
-        moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, out=torch.empty(layout.nvs, layout.k))
+    out = torch.full((layout.nvs, layout.k), float("nan"))
+    # Named as the op the call is (not the down GEMM of a training composition), before any GEMM runs.
+    refusal = r"moonep::experts_out is not differentiable.*moonep_experts without out="
+    with pytest.raises(RuntimeError, match=refusal):
+        moonep_ops.moonep_experts(x, w_gate, w_up, w_down, cu, rw, out=out)
+    assert out.isnan().all()
     with pytest.raises(RuntimeError, match=r"moonep::experts_out is not differentiable"):
         torch.ops.moonep.experts_out(x, w_gate, w_up, w_down, rw, cu, torch.empty(layout.nvs, layout.k))
 
