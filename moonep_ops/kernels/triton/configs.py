@@ -2,13 +2,14 @@
 
 No autotuning at call time (it cannot run inside CUDA-graph capture, and it would make a call's
 cost depend on history): a config is a pure function of the problem's static metadata
-``(N, K, NvS, dtype, device capability)``; ``capability`` is None for the interpreter (CPU
-tensors). Nothing here queries CUDA at import. ``tests/test_configs.py`` pins the picks;
-``benchmarks/tune.py`` and ``tune_backward.py`` measure candidates, docs/performance.md gives
-each rule's measurements.
+``(N, K, NvS, dtype, device capability)`` and the installed Triton release; ``capability`` is
+None for the interpreter (CPU tensors). Nothing here queries CUDA at import.
+``tests/test_configs.py`` pins the picks; ``benchmarks/tune.py`` and ``tune_backward.py``
+measure candidates, docs/performance.md gives each rule's measurements.
 """
 
 import dataclasses
+import functools
 
 import torch
 
@@ -45,6 +46,22 @@ _FP32_GEMM = GemmConfig(64, 64, 32, 4, 3)
 _FP32_TWO_ACCUMULATORS = GemmConfig(64, 32, 32, 4, 3)
 
 
+@functools.cache
+def triton_release() -> tuple[int, int]:
+    """The installed Triton's (major, minor) (imported here only once a CUDA config is asked for)."""
+    import triton
+
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def warp_specialization_compiles(capability: tuple[int, int]) -> bool:
+    """Whether Triton's automatic warp specialization compiles the GEMM kernel for ``capability``:
+    on sm90 with every supported Triton; on sm100 from Triton 3.7 (3.6, torch 2.11's, fails in its
+    ``NVWSInsertAref`` pass there; ``scripts/aot_compile_check.py --targets 100`` shows it)."""
+    return capability < (10, 0) or triton_release() >= (3, 7)
+
+
 def gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
                 capability: tuple[int, int] | None) -> GemmConfig:
     """A grouped GEMM producing ``[num_rows, n]`` with reduction ``k``."""
@@ -55,7 +72,7 @@ def gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
     if capability >= (9, 0):
         # Warp specialization on long compute-bound problems, a long reduction in BLOCK_K 128,
         # else the flattened loop; segment-major items where warp specialization is off.
-        if num_rows >= 32768 and k >= 2048:
+        if num_rows >= 32768 and k >= 2048 and warp_specialization_compiles(capability):
             return GemmConfig(128, 256, 64, 8, 4, warp_specialize=True)
         if k >= 8192:
             return GemmConfig(128, 128, 128, 8, 3, group_major=True)
@@ -72,7 +89,7 @@ def fused_gemm_config(n: int, k: int, num_rows: int, dtype: torch.dtype,
         return _FP32_TWO_ACCUMULATORS
     if capability >= (9, 0):
         # Warp specialization on long compute-bound problems, TMA stores of whole tiles elsewhere.
-        if num_rows >= 32768 and k >= 4096:
+        if num_rows >= 32768 and k >= 4096 and warp_specialization_compiles(capability):
             return GemmConfig(128, 128, 64, 8, 3, warp_specialize=True)
         return GemmConfig(128, 128, 64, 8, 4, tma_store=2, group_major=True)
     return GemmConfig(128, 64, 64, 8, 3)  # 96 KB of shared memory: fits sm86/sm89 too
