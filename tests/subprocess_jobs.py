@@ -11,6 +11,7 @@ without a prestart (a pytest-xdist worker, or a job not declared) ``result`` run
 Nothing here is shared between jobs but the thread: each writes its output to its own file.
 """
 
+import importlib.metadata
 import importlib.util
 import os
 import pathlib
@@ -86,12 +87,29 @@ def available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def _release(dist: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in importlib.metadata.version(dist).split("+")[0].split(".")[:2])
+
+
+def unusable(name) -> str | None:
+    """Why job ``name`` cannot run in this environment (its tests skip with that reason), or None.
+    The interpreter runs kernels on NumPy arrays; Triton 3.6's (torch 2.11's) turns a one-element
+    array into a Python int in a way NumPy 2.4 refuses (triton-lang/triton#9171, fixed in 3.7)."""
+    if name.startswith("interpreter"):
+        if importlib.util.find_spec("numpy") is None:
+            return "the Triton interpreter needs NumPy (pip install numpy)"
+        if _release("triton") < (3, 7) and _release("numpy") >= (2, 4):
+            return (f"Triton {importlib.metadata.version('triton')}'s interpreter fails under NumPy "
+                    f"{importlib.metadata.version('numpy')} (triton-lang/triton#9171): use numpy<2.4 or Triton >= 3.7")
+    return None
+
+
 def prestart(names) -> None:
     """Run the named jobs on ``WORKERS`` background threads, taken in ``JOBS`` order."""
     pending, wanted = queue.SimpleQueue(), set(names)
     with _lock:
         for name in JOBS:
-            if name in wanted and name not in _jobs:
+            if name in wanted and name not in _jobs and unusable(name) is None:
                 _jobs[name] = _Job(name)
                 pending.put(_jobs[name])
 

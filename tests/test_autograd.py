@@ -671,6 +671,8 @@ def test_backward_triton_kernels_under_interpreter():
     # A subprocess (TRITON_INTERPRET must be set before Triton is imported), run in the background
     # beside the rest of the suite (tests/subprocess_jobs.py).
     pytest.importorskip("triton")
+    if reason := subprocess_jobs.unusable("interpreter_backward"):
+        pytest.skip(reason)
     returncode, output = subprocess_jobs.result("interpreter_backward")
     print(output[-4000:])
     assert returncode == 0, output[-12000:]
