@@ -46,7 +46,8 @@ import statistics
 
 import torch
 
-from .shapes import SHAPES, build_problem
+from . import cli
+from .shapes import build_problem
 from .timing import environment
 
 TABLE = "table"
@@ -234,8 +235,9 @@ def main(argv=None) -> int:
     parser.add_argument("variants", nargs="+", help="NAME or NAME:FIELD=VALUE,... (see above); 'table' alone: the "
                                                     "table itself")
     parser.add_argument("--fp8", action="store_true", help="the FP8 experts and the FP8 config table")
-    parser.add_argument("--shapes", default="all", help="comma-separated indices into benchmarks.shapes.SHAPES")
-    parser.add_argument("--paddings", default="128,1")
+    parser.add_argument("--shapes", type=cli.shape_list, default="all",
+                        help="comma-separated indices into benchmarks.shapes.SHAPES")
+    parser.add_argument("--paddings", type=cli.padding_list, default="128,1")
     parser.add_argument("--cases", default=None, help="layout-sweep case names separated by ';' (python -m "
                                                       "benchmarks.sweep --list): these instead of the shapes")
     parser.add_argument("--rounds", type=int, default=6)
@@ -255,14 +257,14 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     if len({v.name for v in variants}) != len(variants):
         parser.error("variant names must differ")
-    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     if args.cases:
         try:
             problems = sweep_problems(args.cases)
         except ValueError as exc:
             parser.error(str(exc))
     else:
-        problems = [(shape, int(p), {}) for p in args.paddings.split(",") for shape in shapes]
+        problems = [(shape, p, {}) for p in args.paddings for shape in args.shapes]
+    cli.require_gpu(parser)
     rows = []
     reference = None
     if args.reference:

@@ -32,8 +32,9 @@ import torch.nn.functional as F
 import moonep_ops
 from moonep_ops import fp8
 
+from . import cli
 from .limit import LimitMeter, limit_figures
-from .shapes import SHAPES, build_problem
+from .shapes import build_problem
 from .timing import environment, median_replay_ms
 
 E4M3 = torch.float8_e4m3fn
@@ -180,15 +181,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--settle", type=float, default=1.0)
-    parser.add_argument("--paddings", default="128,1")
-    parser.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES")
+    parser.add_argument("--paddings", type=cli.padding_list, default="128,1")
+    parser.add_argument("--shapes", type=cli.shape_list, default="all", help="comma-separated indices into SHAPES")
     args = parser.parse_args(argv)
-    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    cli.require_gpu(parser)
     meter = LimitMeter(args.reps, args.settle)
     rows = []
     with torch.inference_mode():
-        for padding in [int(p) for p in args.paddings.split(",")]:
-            for shape in shapes:
+        for padding in args.paddings:
+            for shape in args.shapes:
                 rows.append(run_shape(shape, padding, meter, args.reps, args.settle))
                 _print_row(rows[-1])
     if args.out:

@@ -43,13 +43,14 @@ import statistics
 import torch
 
 import moonep_ops
+from benchmarks import cli
 from benchmarks.shapes import SHAPES, build_problem
 from benchmarks.sweep_cases import case_from_name
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", type=int, default=0, help="index into benchmarks.shapes.SHAPES")
+    parser.add_argument("--shape", type=cli.shape_index, default=0, help="index into benchmarks.shapes.SHAPES")
     parser.add_argument("--padding", type=int, default=128, help="token padding of the layout (128 or 1)")
     parser.add_argument("--path", choices=("bf16", "fp8"), default="bf16")
     parser.add_argument("--calls", type=int, default=3)
@@ -62,8 +63,7 @@ def main(argv=None) -> int:
     case = sweep_case(args.case, parser) if args.case else None
     if args.kernel_times and args.calls < 2:
         parser.error("--kernel-times needs --calls 2 or more (each replay's first call is left out)")
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    cli.require_gpu(parser)
     if case is None:
         shape, padding, layout = SHAPES[args.shape], args.padding, {}
     else:

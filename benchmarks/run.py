@@ -27,9 +27,10 @@ import time
 
 import torch
 
+from . import cli
 from .limit import LimitMeter
 from .paths import PATHS
-from .shapes import SHAPES, build_problem
+from .shapes import build_problem
 from .timing import environment, median_replay_ms
 
 
@@ -141,14 +142,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=50)
-    parser.add_argument("--paths", default=",".join(PATHS))
-    parser.add_argument("--paddings", default="128,1")
-    parser.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES")
+    parser.add_argument("--paths", type=cli.names(PATHS), default=",".join(PATHS))
+    parser.add_argument("--paddings", type=cli.padding_list, default="128,1")
+    parser.add_argument("--shapes", type=cli.shape_list, default="all", help="comma-separated indices into SHAPES")
     parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds of back-to-back replays of each path before its timed ones")
     args = parser.parse_args(argv)
-    paths = {k: PATHS[k] for k in args.paths.split(",")}
-    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    cli.require_gpu(parser)
+    paths = {k: PATHS[k] for k in args.paths}
     env = {**environment(), "reps": args.reps, "settle_s": args.settle}
     ceilings = measure_ceilings()
     print(f"# {env}  ceilings: {ceilings['matmul_tflops']:.0f} TFLOP/s, {ceilings['copy_tbps']:.2f} TB/s")
@@ -156,8 +157,8 @@ def main(argv=None):
     print("# eager host cost per call (us): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
     meter = LimitMeter(args.reps, args.settle)
     rows = []
-    for padding in [int(p) for p in args.paddings.split(",")]:
-        for shape in shapes:
+    for padding in args.paddings:
+        for shape in args.shapes:
             x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
             floor, flops, nbytes, bound = floor_us(sizes, shape)
             live = sum(sizes)

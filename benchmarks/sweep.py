@@ -58,6 +58,7 @@ import re
 import statistics
 import time
 
+from . import cli
 from .sweep_cases import CASE_SEED, sweep_cases
 from .sweep_summary import KINDS, render, summarize
 
@@ -317,6 +318,7 @@ def main(argv=None) -> int:
         for i, case in enumerate(cases):
             print(f"{i:3d} {case.name}")
         return 0
+    cli.require_gpu(parser)
     from .limit import LimitMeter
     from .timing import environment
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 import moonep_ops
 
+from . import cli
 from .run import measure_ceilings
 from .shapes import SHAPES, build_problem
 from .timing import environment, median_replay_ms
@@ -171,11 +172,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--paths", type=cli.names(PATHS), default=",".join(PATHS))
     parser.add_argument("--min-tokens", type=int, default=0,
                         help="raise every shape's S to at least this (default: only shapes with S >= 1024)")
     args = parser.parse_args(argv)
-    paths = {k: PATHS[k] for k in args.paths.split(",")}
+    cli.require_gpu(parser)
+    paths = {k: PATHS[k] for k in args.paths}
     if args.min_tokens:
         shapes = [dataclasses.replace(s, tokens=max(s.tokens, args.min_tokens),
                                       name=s.name.split(" S=")[0] + f" S={max(s.tokens, args.min_tokens)}")

@@ -27,7 +27,8 @@ from moonep_ops.kernels.triton.configs import GemmConfig
 from moonep_ops.kernels.triton.grouped_gemm import (launch_grouped_gemm, launch_grouped_gemm_silu_mul,
                                                     launch_grouped_gemm_silu_mul_with_gate_up)
 
-from .shapes import SHAPES, build_problem
+from . import cli
+from .shapes import build_problem
 from .timing import environment, median_replay_ms
 
 FUSED = [GemmConfig(*c) for c in [
@@ -93,15 +94,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--paddings", default="128,1")
+    parser.add_argument("--paddings", type=cli.padding_list, default="128,1")
     parser.add_argument("--tma-only", action="store_true")
     parser.add_argument("--schedules", action="store_true", help="sweep SCHEDULES (TMA only)")
-    parser.add_argument("--shapes", default="all", help="comma-separated indices into SHAPES")
-    parser.add_argument("--roles", default="fused,down", help="comma-separated: fused, down, fused_save")
+    parser.add_argument("--shapes", type=cli.shape_list, default="all", help="comma-separated indices into SHAPES")
+    parser.add_argument("--roles", type=cli.names(("fused", "down", "fused_save")), default="fused,down",
+                        help="comma-separated: fused, down, fused_save")
     args = parser.parse_args(argv)
-    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    cli.require_gpu(parser)
     results = []
-    for padding, shape in itertools.product([int(p) for p in args.paddings.split(",")], shapes):
+    for padding, shape in itertools.product(args.paddings, args.shapes):
         x, wg, wu, wd, cu, rw, sizes = build_problem(shape, padding)
         act = torch.randn(x.shape[0], shape.inter, device="cuda", dtype=torch.bfloat16)
         out_i = torch.empty(x.shape[0], shape.inter, device="cuda", dtype=torch.bfloat16)
@@ -113,7 +115,7 @@ def main(argv=None):
             "fused_save": (FUSED, lambda cfg, tma: launch_grouped_gemm_silu_mul_with_gate_up(
                 x, wg, wu, rw, cu, out_i, gate, up, cfg, tma), out_i),
         }
-        for role in args.roles.split(","):
+        for role in args.roles:
             cands, fn, out = roles[role]
             if args.schedules:
                 cands, tmas = SCHEDULES[role], (True,)

@@ -31,6 +31,7 @@ from moonep_ops.kernels.triton.configs import GemmConfig
 from moonep_ops.kernels.triton.grouped_gemm import launch_grouped_gemm, launch_grouped_gemm_dual
 from moonep_ops.kernels.triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad
 
+from . import cli
 from .shapes import SHAPES, build_problem
 from .timing import environment, median_replay_ms
 
@@ -56,6 +57,10 @@ def _err(out, ref, live_rows=None, groups=None):
         out, ref = out[groups], ref[groups]
     ref = ref.double()
     return float((out.double() - ref).norm() / ref.norm())
+
+
+ROLES = ("dgrad_down", "dgrad_gate", "dgrad_down_tma", "dgrad_gate_tma", "dual_dgrad", "wgrad_gate", "wgrad_down",
+         "wgrad_gate_tma", "wgrad_down_tma")  # the keys of roles_for's dict
 
 
 def roles_for(shape, x, wg, wu, wd, cu, sizes):
@@ -108,10 +113,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--roles", default="dgrad_down,dgrad_gate,dgrad_down_tma,dgrad_gate_tma,dual_dgrad,"
-                                           "wgrad_gate,wgrad_down,wgrad_gate_tma,wgrad_down_tma")
+    parser.add_argument("--roles", type=cli.names(ROLES), default=",".join(ROLES))
     args = parser.parse_args(argv)
-    wanted = args.roles.split(",")
+    cli.require_gpu(parser)
+    wanted = args.roles
     results = []
     for shape in [s for s in SHAPES if s.tokens >= 1024]:
         x, wg, wu, wd, cu, rw, sizes = build_problem(shape, 128)

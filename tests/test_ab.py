@@ -6,8 +6,15 @@ digests that processes check each other's outputs against."""
 import pytest
 import torch
 
-from benchmarks import ab
+from benchmarks import ab, cli
+from benchmarks.shapes import SHAPES
 from moonep_ops.kernels.gluon import config
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu_needed(monkeypatch):
+    # Every run here is faked (``run_case`` or the timing replaced): main's GPU check stays out.
+    monkeypatch.setattr(cli, "require_gpu", lambda parser: None)
 
 
 def test_a_name_alone_is_the_table():
@@ -105,7 +112,7 @@ def test_run_case_times_each_variant_under_its_table_in_alternating_rounds(monke
     monkeypatch.setattr(fp8_bench, "time_path", fake_time_path)
     monkeypatch.setattr(ab, "_experts_call", lambda shape, padding, fp8, layout, block_major: (lambda: None, out, 4))
     variants = [ab.parse_variant(s) for s in ("table", "three:stages=3", "two:stages=2")]
-    row = ab.run_case(ab.SHAPES[0], 128, variants, fp8=True, rounds=2, reps=1, settle_s=0.0)
+    row = ab.run_case(SHAPES[0], 128, variants, fp8=True, rounds=2, reps=1, settle_s=0.0)
     table_stages = config.gluon_fp8_config(2048, 7168, 45056, True, groups=388).stages
     assert [s for s, _ in seen] == [table_stages, 3, 2, 2, 3, table_stages]
     assert [first for _, first in seen] == [True] + [False] * 5
@@ -203,7 +210,7 @@ def test_benchmarks_ab_keeps_the_reference_across_processes(tmp_path, monkeypatc
     args = ["table", "--shapes", "0", "--paddings", "128", "--rounds", "1", "--reference", path]
     assert ab.main(args) == 0
     assert ab.main(args) == 0
-    name = ab.SHAPES[0].name
+    name = SHAPES[0].name
     assert seen == [[], [f"{name} 128"]]
     assert list(torch.load(path)) == [f"{name} 128"]
 

@@ -23,8 +23,9 @@ def _record(name, moonep_us, gemm_us, read_us, vllm_us=200.0):
 def _without_gpu(monkeypatch, run_case, confirm):
     """``sweep.main`` with ``run_case`` and ``confirm`` in place of the GPU's timings, no limit
     meter, and a fixed environment."""
-    from benchmarks import limit, timing
+    from benchmarks import cli, limit, timing
 
+    monkeypatch.setattr(cli, "require_gpu", lambda parser: None)
     monkeypatch.setattr(sweep, "run_case_or_error", run_case)
     monkeypatch.setattr(sweep, "confirm_samples", confirm)
     monkeypatch.setattr(limit, "LimitMeter", lambda reps, settle_s: None)
