@@ -3,12 +3,16 @@
 and what it takes, before anything is built or timed."""
 
 import importlib
+import importlib.util
 
 import pytest
 import torch
 
 from benchmarks import cli
 from benchmarks.shapes import SHAPES
+
+# The tuners import the Triton kernels' modules (Triton comes with torch's CUDA builds).
+TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the tuners need Triton")
 
 
 def _usage_error(capsys, tool: str, argv: list[str]) -> str:
@@ -29,8 +33,10 @@ def _usage_error(capsys, tool: str, argv: list[str]) -> str:
     ("fp8", ["--shapes", "x"], "argument --shapes: takes 'all' or indices"),
     ("ab", ["table", "--paddings", "128,-1"], "argument --paddings: takes positive integers"),
     ("ab", ["table", "--shapes", "-1"], "argument --shapes: takes 'all' or indices"),
-    ("tune", ["--roles", "fused,up"], "argument --roles: unknown 'up'; takes names out of fused, down, fused_save"),
-    ("tune_backward", ["--roles", "wgrad"], "argument --roles: unknown 'wgrad'; takes names out of dgrad_down,"),
+    pytest.param("tune", ["--roles", "fused,up"], "argument --roles: unknown 'up'; takes names out of fused, down, "
+                 "fused_save", marks=TRITON),
+    pytest.param("tune_backward", ["--roles", "wgrad"], "argument --roles: unknown 'wgrad'; takes names out of "
+                 "dgrad_down,", marks=TRITON),
     ("train", ["--paths", "x"], "argument --paths: unknown 'x'"),
     ("profile", ["--shape", str(len(SHAPES))], f"argument --shape: takes an index 0-{len(SHAPES) - 1} into "
                                                "benchmarks.shapes.SHAPES"),
@@ -39,8 +45,9 @@ def test_bad_values_name_the_option(capsys, tool, argv, message):
     assert message in _usage_error(capsys, tool, argv)
 
 
-@pytest.mark.parametrize("tool, argv", [("run", []), ("fp8", []), ("ab", ["table"]), ("tune", []),
-                                        ("tune_backward", []), ("train", []), ("profile", []), ("sweep", ["--quick"])])
+@pytest.mark.parametrize("tool, argv", [("run", []), ("fp8", []), ("ab", ["table"]), ("train", []), ("profile", []),
+                                        ("sweep", ["--quick"]), pytest.param("tune", [], marks=TRITON),
+                                        pytest.param("tune_backward", [], marks=TRITON)])
 def test_no_gpu_is_a_usage_error(monkeypatch, capsys, tool, argv):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "error: needs a CUDA GPU" in _usage_error(capsys, tool, argv)

@@ -20,12 +20,15 @@ import pytest
 import torch
 
 import moonep_ops
-from moonep_ops.kernels.cuda import experts
-from moonep_ops.kernels.pdl import PdlRole
-from .layouts import experts_inputs
-from .reference import TOLERANCE, experts_ref, rel_err
-from .test_cuda_capture import _capture, _copy_into
-from .test_cuda_pdl import GLUON, MANY_GROUPS, SKEWED
+
+pytest.importorskip("triton")  # (test_cuda_pdl's imports need it)
+
+from moonep_ops.kernels.cuda import experts  # noqa: E402
+from moonep_ops.kernels.pdl import PdlRole  # noqa: E402
+from .layouts import experts_inputs  # noqa: E402
+from .reference import TOLERANCE, experts_ref, rel_err  # noqa: E402
+from .test_cuda_capture import _capture, _copy_into  # noqa: E402
+from .test_cuda_pdl import GLUON, MANY_GROUPS, SKEWED  # noqa: E402
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),

@@ -14,13 +14,16 @@ import torch
 
 import moonep_ops
 from moonep_ops import flags
-from moonep_ops.kernels.cuda import paths
-from moonep_ops.kernels.cuda.paths import choose_fused, choose_unfused
-from moonep_ops.kernels.pdl import PdlRole
-from moonep_ops.kernels.triton import grouped_gemm as gemm
-from .layouts import Layout, experts_inputs
-from .reference import TOLERANCE, experts_ref, rel_err
-from .test_cuda_capture import _capture, _copy_into
+
+pytest.importorskip("triton")  # (the Triton kernels' module below imports it)
+
+from moonep_ops.kernels.cuda import paths  # noqa: E402
+from moonep_ops.kernels.cuda.paths import choose_fused, choose_unfused  # noqa: E402
+from moonep_ops.kernels.pdl import PdlRole  # noqa: E402
+from moonep_ops.kernels.triton import grouped_gemm as gemm  # noqa: E402
+from .layouts import Layout, experts_inputs  # noqa: E402
+from .reference import TOLERANCE, experts_ref, rel_err  # noqa: E402
+from .test_cuda_capture import _capture, _copy_into  # noqa: E402
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -6,9 +6,11 @@ import dataclasses
 import pytest
 import torch
 
-from moonep_ops.kernels.cuda import experts, paths
-from moonep_ops.kernels.pdl import PdlRole
-from moonep_ops.kernels.triton import grouped_gemm as triton_gemm
+pytest.importorskip("triton")  # (the Triton kernels' module below imports it)
+
+from moonep_ops.kernels.cuda import experts, paths  # noqa: E402
+from moonep_ops.kernels.pdl import PdlRole  # noqa: E402
+from moonep_ops.kernels.triton import grouped_gemm as triton_gemm  # noqa: E402
 
 NONE, PRIMARY, DEPENDENT = PdlRole.NONE, PdlRole.PRIMARY, PdlRole.DEPENDENT
 DEFAULTS = dict(GLUON=None, PORTABLE=None, PDL=None)  # every kernel switch at its default
