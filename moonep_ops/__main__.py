@@ -174,7 +174,7 @@ def _kernel_path(device: torch.device, dtype: torch.dtype, cap=None) -> str:
     from moonep_ops import flags
     from moonep_ops.kernels.cuda import paths
 
-    cap = cap or torch.cuda.get_device_capability(device)
+    cap = paths.config_capability(cap or torch.cuda.get_device_capability(device))
     if paths.gluon_wanted(cap, dtype):
         return "forward GEMMs on the warp-specialized Gluon kernels (MOONEP_OPS_GLUON=0: the Triton ones)"
     if paths.hopper_tma(cap, dtype):

@@ -7,8 +7,8 @@ sm90 in bf16 (TMA and, with MOONEP_OPS_PORTABLE=1, the portable path) and sm86 (
 shared memory of the supported GPUs; sm80's configs are the same) in bf16 and fp32 (fp16 takes
 bf16's configs; fp32 takes the same small configs on every GPU, so sm86 bounds its shared
 memory); each target is one background subprocess job (tests/subprocess_jobs.py). sm100
-(Blackwell) in a targeted case: bf16 on its default path, two of the check's problems; the FP8
-kernels (sm89+) on sm89 in another.
+(Blackwell) and sm120 (consumer Blackwell) in targeted cases: bf16 on their default paths, two of
+the check's problems; the FP8 kernels (sm89+) on sm89 in another.
 """
 
 import os
@@ -70,6 +70,21 @@ def test_sm100_default_path_compiles_on_tcgen05():
         assert re.search(r"WARP_SPEC=True .*tcgen05 [1-9]", output), output[-4000:]
     else:  # Triton 3.6: the table's next rule (tests/test_triton_configs.py)
         assert "WARP_SPEC=True" not in output
+
+
+def test_sm120_takes_the_sm89_path_within_its_shared_memory():
+    """Consumer Blackwell (sm120: 99 KB per block) runs the portable kernels with sm89's configs:
+    on the long compute-bound problem (where sm90 takes its largest tiles) and the short one, every
+    variant, FP8 included, compiles for sm120 and fits (the sm90 configs would need up to 205 KB)."""
+    args = ["--targets", "120", "--dtypes", "bf16", "--no-portable", "--problems", "0,2"]
+    proc = subprocess.run([sys.executable, "scripts/aot_compile_check.py", *args], cwd=subprocess_jobs.ROOT,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, _failed_lines(output) or output[-4000:]
+    # (the check's exit code covers the MMAs: HMMA in bf16, QMMA in FP8, as on sm89)
+    variants = re.findall(r"^sm120 (\w+ \w+) .*USE_TMA=(\w+)", output, re.M)
+    assert {"grouped_gemm_kernel bf16", "grouped_gemm_fp8_kernel fp8e4nv"} <= {k for k, _ in variants}, output[-4000:]
+    assert all(use_tma == "False" for _, use_tma in variants), output[-4000:]
 
 
 def test_fp8_kernels_compile_for_sm89_with_e4m3_mmas():

@@ -215,6 +215,16 @@ def test_self_check_names_the_kernel_path(switches):
         assert "Gluon" in _kernel_path(gpu, torch.bfloat16, (9, 0))
     switches(GLUON="0")
     assert _kernel_path(gpu, torch.bfloat16, (9, 0)) == "Triton kernels with TMA loads"
+    assert _kernel_path(gpu, torch.bfloat16, (12, 0)) == "portable Triton kernels"
+
+
+@pytest.mark.parametrize("device, taken", [((8, 0), (8, 0)), ((8, 9), (8, 9)), ((9, 0), (9, 0)), ((10, 0), (10, 0)),
+                                           ((10, 3), (10, 3)), ((12, 0), (8, 9)), ((12, 1), (8, 9))])
+def test_consumer_blackwell_runs_as_sm89(device, taken):
+    """sm120/sm121 (99 KB of shared memory per block, mma.sync) take sm89's path and configs, not
+    the sm90 class's (227 KB: TMA, the H200's tiles); the AOT check compiles them for sm120."""
+    assert paths.config_capability(device) == taken
+    assert paths.config_capability(None) is None
 
 
 def test_empty_reduction_takes_no_tma(monkeypatch, switches):

@@ -21,11 +21,23 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def config_capability(capability):
+    """The capability whose kernel path and config tables a GPU of ``capability`` takes. The tables
+    have two classes: sm90 and up (227 KB of shared memory per block, TMA, the H200's tuning) and
+    sm80/sm86/sm89. Consumer Blackwell (sm120, sm121: RTX 50, RTX PRO 6000, GB10) has 99 KB per
+    block and neither wgmma nor tcgen05, so it runs as sm89 (the portable path, mma.sync)."""
+    if capability is not None and capability >= (12, 0):
+        return (8, 9)
+    return capability
+
+
 def capability_of(t: torch.Tensor):
-    """Device capability, or None for CPU tensors (TRITON_INTERPRET=1 runs, the AOT compile check)."""
+    """The capability the kernel choice goes by (:func:`config_capability` of the device's), or
+    None for CPU tensors (TRITON_INTERPRET=1 runs, the AOT compile check)."""
     if t.device.type != "cuda":
         return None
-    return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return config_capability(_capability(t.device.index if t.device.index is not None
+                                         else torch.cuda.current_device()))
 
 
 def on_device(t: torch.Tensor):
