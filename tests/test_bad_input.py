@@ -12,6 +12,7 @@ the fakes must not read data, and the CUDA path must not sync to read it.
 import contextlib
 import functools
 import unittest
+import unittest.mock
 
 import expecttest
 import pytest
@@ -19,6 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import moonep_ops
+from moonep_ops import checks
 from moonep_ops.kernels import cpu as cpu_kernels
 
 from .conftest import HAS_CUDA
@@ -725,6 +727,39 @@ def _not_a_tensor_messages(case, fn, args, names, fake=True):
     message (the dispatcher's, which goes on with the schema)."""
     return "\n".join(f"{name}: {msg.splitlines()[0]}"
                      for name, msg in _replaced_messages(case, fn, args, names, [1.0, 2.0], fake))
+
+
+class TestDeviceCapability(BadInputCase):
+    """The CUDA kernels' device floor, sm80 (sm89 for the FP8 ops' e4m3 MMAs), named as the op: their
+    CUDA functions called on CPU tensors with the capability forced (no GPU needed)."""
+
+    def forced(self, module, capability):
+        stack = contextlib.ExitStack()
+        stack.enter_context(unittest.mock.patch.object(module, "capability_of", lambda t: capability))
+        stack.enter_context(unittest.mock.patch.object(checks, "_PASSED", set()))  # (checks cached per signature)
+        return stack
+
+    def test_below_sm80(self):
+        from moonep_ops.kernels.cuda import register
+
+        with self.forced(register, (7, 5)):
+            self.assertExpectedInline(
+                self.raises(register.grouped_gemm, *_gg_args(), fake=False),
+                """moonep::grouped_gemm: the CUDA kernels need an NVIDIA GPU of compute capability 8.0 or newer (sm80+); this one is 7.5""")
+            self.assertExpectedInline(
+                self.raises(register.experts, *_experts_args(), fake=False),
+                """moonep::experts: the CUDA kernels need an NVIDIA GPU of compute capability 8.0 or newer (sm80+); this one is 7.5""")
+
+    def test_fp8_below_sm89(self):
+        from moonep_ops import fp8
+        from moonep_ops.kernels.cuda import fp8 as cuda_fp8
+
+        a = torch.randn(NVS, 128, dtype=torch.bfloat16)
+        w, scale = fp8.quantize_weight(torch.randn(G, 128, 128))
+        with self.forced(cuda_fp8, (8, 6)):
+            self.assertExpectedInline(
+                self.raises(cuda_fp8.grouped_gemm_fp8, a, w, scale, _cu(), fake=False),
+                """moonep::grouped_gemm_fp8: FP8 (e4m3) matrix multiply needs a GPU of compute capability 8.9 or newer; this one is 8.6""")
 
 
 class TestNotATensor(BadInputCase):

@@ -7,6 +7,8 @@ allocated from static shapes and every kernel reads ``cu_seqlens`` on the device
 imported at the first call.
 """
 
+import functools
+
 import torch
 
 from ... import checks
@@ -19,12 +21,28 @@ from .paths import (capability_of, choose_dgrad, choose_dual_dgrad, choose_fused
 
 
 def _validate(check, op_name: str, cu_seqlens, *args) -> tuple:
-    """``check(op_name, *args)`` once per static signature (metadata only), and the values of
-    ``cu_seqlens`` against the rows of ``args[0]`` when ``MOONEP_OPS_DEBUG`` asks for them (they
-    sync the host). Returns the signature (the launch plans' key)."""
-    key = checks.checked(check, op_name, *args)
+    """``check(op_name, *args)`` and the device's capability once per static signature (metadata
+    only), and the values of ``cu_seqlens`` against the rows of ``args[0]`` when ``MOONEP_OPS_DEBUG``
+    asks for them (they sync the host). Returns the signature (the launch plans' key)."""
+    key = checks.checked(_on_a_supported_gpu(check), op_name, *args)
     checks.debug_checks(op_name, cu_seqlens, args[0].shape[0])
     return key
+
+
+@functools.cache
+def _on_a_supported_gpu(check):
+    """``check``, after the capability of the device its first tensor is on (the signature the
+    check is cached by holds the device): the kernels need sm80 (bf16 MMAs, the shared memory their
+    configs take). CPU tensors (the AOT compile check) have none to check."""
+
+    def check_here(op_name: str, *args) -> None:
+        capability = capability_of(args[0])
+        if capability is not None and capability < (8, 0):
+            raise RuntimeError(f"moonep::{op_name}: the CUDA kernels need an NVIDIA GPU of compute capability 8.0 "
+                               f"or newer (sm80+); this one is {capability[0]}.{capability[1]}")
+        check(op_name, *args)
+
+    return check_here
 
 
 def _empty(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
