@@ -750,6 +750,20 @@ class TestDeviceCapability(BadInputCase):
                 self.raises(register.experts, *_experts_args(), fake=False),
                 """moonep::experts: the CUDA kernels need an NVIDIA GPU of compute capability 8.0 or newer (sm80+); this one is 7.5""")
 
+    def test_none_gets_the_checks_message(self):
+        """The CUDA functions (their device-floor check first) name a None argument as the CPU ops do."""
+        from moonep_ops.kernels.cuda import fp8 as cuda_fp8, register
+
+        cases = [(register.grouped_gemm, gg, _gg_args(), {0: "a", 1: "w", 2: "cu"}),
+                 (register.silu_mul_weight, smw, _smw_args(), {0: "gate", 1: "up", 3: "cu"}),
+                 (register.experts, experts_op, _experts_args(), {0: "x", 1: "w_gate", 3: "w_down", 5: "cu"}),
+                 (cuda_fp8.grouped_gemm_fp8, gg8, _gg8_args(), {0: "a", 1: "w", 2: "w_scale", 3: "cu"}),
+                 (cuda_fp8.experts_fp8, experts8, _experts8_args(), {0: "x", 2: "w_gate_scale", 8: "cu"})]
+        for cuda_fn, cpu_op, args, names in cases:
+            with self.subTest(cuda_fn.__name__), unittest.mock.patch.object(checks, "_PASSED", set()):
+                self.assertEqual(_none_messages(self, cuda_fn, args, names, fake=False),
+                                 _none_messages(self, cpu_op, args, names, fake=False))
+
     def test_fp8_below_sm89(self):
         from moonep_ops import fp8
         from moonep_ops.kernels.cuda import fp8 as cuda_fp8
