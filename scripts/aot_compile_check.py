@@ -4,25 +4,25 @@ fails here instead of on the first user's GPU.
 
 How: the registered CUDA functions of the ops (``moonep_ops.kernels.cuda.register``) run on CPU
 tensors with the device capability forced to each target, so the config tables and the
-TMA/portable choices are exactly the ones a GPU of that capability takes (sm100 takes the Hopper
-configs and the TMA path, (10, 0) >= (9, 0); sm120 runs as sm89, ``paths.config_capability``; the
-Gluon kernel is sm90-only and must never be picked elsewhere); ``JITFunction.run`` is replaced by an ahead-of-time ``triton.compile`` for
-that target (Triton's own specialization of the arguments, nothing launched). Shapes cover every
-branch of the config tables (see ``PROBLEMS``), with and without route weights, the in-register
-and the chunked ``cu_seqlens`` scan, bf16/fp16/fp32, and ``MOONEP_OPS_PORTABLE=1`` on sm90 and
-sm100.
+TMA/portable choices are exactly the ones a GPU of that capability takes (sm100 and sm103 take the
+Hopper configs and the TMA path, (10, 0) >= (9, 0); sm120 runs as sm89,
+``paths.config_capability``; the Gluon kernel is sm90-only and must never be picked elsewhere);
+``JITFunction.run`` is replaced by an ahead-of-time ``triton.compile`` for that target (Triton's
+own specialization of the arguments, nothing launched). Shapes cover every branch of the config
+tables (see ``PROBLEMS``), with and without route weights, the in-register and the chunked
+``cu_seqlens`` scan, bf16/fp16/fp32, and ``MOONEP_OPS_PORTABLE=1`` on sm90 and newer.
 
 Per unique variant: shared memory (against the target's per-block limit), registers and spill
 stores, and the tensor-core instructions of the machine code (from the cubin, via the
 ``cuobjdump`` bundled with Triton): a bf16/fp16 GEMM kernel must use tcgen05 MMAs (``UTCHMMA``,
-or another ``UTC*MMA`` form) on sm100, ``HGMMA`` (wgmma) on sm90 and ``HMMA`` (mma.sync) on
-sm80/sm86/sm89/sm120, and the FP8 GEMM (sm89+ only) tcgen05 MMAs on sm100, ``QGMMA`` on sm90 and
+or another ``UTC*MMA`` form) on sm100/sm103, ``HGMMA`` (wgmma) on sm90 and ``HMMA`` (mma.sync) on
+sm80/sm86/sm89/sm120, and the FP8 GEMM (sm89+ only) tcgen05 MMAs on sm100/sm103, ``QGMMA`` on sm90 and
 ``QMMA`` on sm89 and sm120, so a Triton or config change that silently drops to a slower instruction path
 fails here. Exit code 1 on any compile error, shared-memory overflow, missing tensor-core path or Gluon
 kernel outside sm90; spills are reported, not fatal, and so are kernels whose wgmma instructions
 ptxas serialized (a wait after each one, where code reads an accumulator that an MMA may still
-write). sm100 is checked with the installed Triton only (one without sm100 support fails that
-target's compiles).
+write). sm100 and sm103 are checked with the installed Triton only (one without their support
+fails those targets' compiles).
 
     python scripts/aot_compile_check.py [--targets 90,100,80,86] [--dtypes bf16,fp16,fp32] [--json out.json]
     python scripts/aot_compile_check.py --targets 100 --dtypes bf16 --no-portable --problems 0,2
@@ -54,11 +54,11 @@ from moonep_ops import flags  # noqa: E402
 from moonep_ops.kernels.cuda import fp8 as cuda_fp8, paths, register as cuda  # noqa: E402
 
 # Opt-in shared memory per block (bytes): H100/H200, A100, the consumer/Ada parts and consumer
-# Blackwell (sm120: 99 KB, as sm86/sm89), and B200 (sm100): NVIDIA's Blackwell Tuning Guide,
-# "Unified Shared Memory/L1/Texture Cache" (docs.nvidia.com/cuda/blackwell-tuning-guide): 228 KB per
-# SM as on H100, 1 KB of it reserved per thread block, so one block addresses up to 227 KB = 232448 B
-# (dynamic, with the opt-in).
-SMEM_LIMIT = {100: 232448, 90: 232448, 80: 166912, 86: 101376, 89: 101376, 120: 101376}
+# Blackwell (sm120: 99 KB, as sm86/sm89), and B200 and B300 (sm100, sm103): NVIDIA's Blackwell
+# Tuning Guide, "Unified Shared Memory/L1/Texture Cache" (docs.nvidia.com/cuda/blackwell-tuning-guide):
+# 228 KB per SM as on H100, 1 KB of it reserved per thread block, so one block addresses up to
+# 227 KB = 232448 B (dynamic, with the opt-in).
+SMEM_LIMIT = {100: 232448, 103: 232448, 90: 232448, 80: 166912, 86: 101376, 89: 101376, 120: 101376}
 
 # (name, rows, K, N, G): each hits a different branch of configs.py / configs_backward.py.
 PROBLEMS = [
@@ -159,14 +159,16 @@ GEMM_KERNELS = ("grouped_gemm_kernel", "gluon_grouped_gemm_kernel", "grouped_gem
 
 
 # The targets --targets takes: the CUDA architectures the kernels are built for (sm80 up).
-TARGETS = ("80", "86", "89", "90", "100", "120")
+TARGETS = ("80", "86", "89", "90", "100", "103", "120")
 
 
 # The tensor-core path a bf16/fp16 GEMM must take per target: (record key, what the SASS shows).
-TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm90": ("hgmma", "HGMMA")}
+TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm103": ("tcgen05", "tcgen05 MMA (UTC*MMA)"),
+                    "sm90": ("hgmma", "HGMMA")}
 HMMA_PATH = ("hmma", "HMMA")  # sm80, sm86, sm89
 # The FP8 GEMM's e4m3 MMAs (the FP8 ops run from sm89 on).
-FP8_TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm90": ("qgmma", "QGMMA"),
+FP8_TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm103": ("tcgen05", "tcgen05 MMA (UTC*MMA)"),
+                        "sm90": ("qgmma", "QGMMA"),
                         "sm89": ("qmma", "QMMA"), "sm120": ("qmma", "QMMA")}
 
 
@@ -460,7 +462,7 @@ def selftest() -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--targets", default="90,100,80,86,89,120")
+    parser.add_argument("--targets", default="90,100,103,80,86,89,120")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--problems", default=None,
                         help="indices into PROBLEMS, comma-separated (default: all)")
