@@ -241,6 +241,25 @@ def test_empty_reduction_takes_no_tma(monkeypatch, switches):
     assert not triton_gemm.tma_usable_kn(a[:0], w_kn[:0], 64)
 
 
+def test_broadcast_inputs_take_no_tma(monkeypatch, switches):
+    """A stride of 0 (``row.expand(NvS, H)``, a weight expanded over groups or rows): the pointer
+    path reads it; no TMA descriptor is built over a zero stride (tests/test_broadcast_inputs.py
+    checks the results)."""
+    from moonep_ops.kernels.triton.grouped_gemm_fp8 import tma_weights
+
+    switches(PORTABLE=None)
+    monkeypatch.setattr(paths, "capability_of", lambda t: (9, 0))
+    a, w = torch.empty(256, 64, dtype=torch.bfloat16), torch.empty(2, 64, 64, dtype=torch.bfloat16)
+    a_row, w_row = a[:1].expand(256, 64), w[:1, :1].expand(2, 64, 64)  # strides (0, 1) and (0, 0, 1)
+    for a_, w_ in ((a_row, w), (a, w_row), (a, w[:1].expand(2, 64, 64))):
+        assert not triton_gemm.tma_usable(a_, w_)
+        assert not paths.choose_unfused(a_, w_, None)[1]
+    w_kn = torch.empty(2, 64, 64, dtype=torch.bfloat16)[:, :1].expand(2, 64, 64).transpose(1, 2)
+    assert triton_gemm.is_kn_view(w_kn) and not triton_gemm.tma_usable_kn(a, w_kn, 64)
+    w8 = torch.empty(2, 128, 128, dtype=torch.float8_e4m3fn)
+    assert tma_weights(w8) and not tma_weights(w8[:, :1].expand(2, 128, 128))
+
+
 def test_down_gemm_zeroes_the_tail_unless_the_fused_gemm_took_it(monkeypatch, switches):
     """The experts op's output tail is zeroed exactly once: by the fused Gluon GEMM when its config
     takes it (``RAN_AND_ZEROED_TAIL_OUT``), else by the down GEMM, on whichever kernel that runs (a

@@ -437,9 +437,10 @@ def persistent_programs(device: torch.device, per_sm: int = 1) -> int:
 
 def tma_addressable(t: torch.Tensor) -> bool:
     """What a TMA descriptor needs of a tensor: unit inner stride, 16-byte aligned base and
-    outer strides."""
+    outer strides, none of them 0 (a broadcast input, ``row.expand(NvS, H)``, is read through
+    pointers instead)."""
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
+            and all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
 
 
 def tma_usable(a: torch.Tensor, *weights: torch.Tensor) -> bool:
@@ -460,7 +461,8 @@ def tma_usable_kn(a: torch.Tensor, w: torch.Tensor, block_k: int) -> bool:
     and ``K % block_k == 0`` so that no tile reads across two groups."""
     g, n, k = w.shape
     return (is_kn_view(w) and tma_addressable(a) and a.numel() > 0 and w.numel() > 0 and w.data_ptr() % 16 == 0
-            and (w.stride(2) * w.element_size()) % 16 == 0 and w.stride(0) == k * w.stride(2) and k % block_k == 0)
+            and w.stride(2) > 0 and (w.stride(2) * w.element_size()) % 16 == 0 and w.stride(0) == k * w.stride(2)
+            and k % block_k == 0)
 
 
 @dataclasses.dataclass(frozen=True)

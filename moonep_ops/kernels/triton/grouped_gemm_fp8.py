@@ -309,12 +309,12 @@ _FIRST_DESC = 10  # index of the first descriptor in Plan.args
 
 def tma_weights(w: torch.Tensor) -> bool:
     """TMA reads ``w [G, N, K]`` as one ``[G*N, K]`` matrix: K contiguous, groups back to back,
-    16-byte aligned rows, no empty extent; a block-major weight as one ``[G*N*K/128, 128]``
-    matrix: contiguous."""
+    16-byte aligned rows (a row stride of 0, a broadcast weight, reads through pointers), no empty
+    extent; a block-major weight as one ``[G*N*K/128, 128]`` matrix: contiguous."""
     if is_block_major(w):
         return w.numel() > 0 and w.is_contiguous() and w.data_ptr() % 16 == 0
     return (w.numel() > 0 and w.stride(2) == 1 and w.stride(0) == w.shape[1] * w.stride(1)
-            and w.stride(1) % 16 == 0 and w.data_ptr() % 16 == 0)
+            and w.stride(1) > 0 and w.stride(1) % 16 == 0 and w.data_ptr() % 16 == 0)
 
 
 def weight_strides(w: torch.Tensor) -> tuple:
