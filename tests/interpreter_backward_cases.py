@@ -189,6 +189,21 @@ def test_wgrad_strided_inputs():
     _assert_close(out, cpu_backward.grouped_gemm_wgrad(*_f64(grad, a), cu), torch.float32)
 
 
+def test_wgrad_broadcast_rows():
+    """A broadcast ``a`` (one row over NvS, stride 0: the backward of an expanded input) takes the
+    pointer loads, never a TMA descriptor over a zero stride."""
+    from moonep_ops.kernels.triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad, tma_usable
+
+    layout = Layout("broadcast", (17, 0, 33, 5), 61, k=48, n=32)
+    grad = _rows(layout, layout.n, torch.float16)
+    a = torch.randn(1, layout.k).to(torch.float16).expand(layout.nvs, layout.k)
+    assert tma_usable(grad, a.contiguous()) and not tma_usable(grad, a)
+    cu = layout.cu_seqlens()
+    out = _poisoned(layout.num_groups, layout.n, layout.k, dtype=torch.float16)
+    launch_grouped_gemm_wgrad(grad, a, cu, out, GEMM)
+    _assert_close(out, cpu_backward.grouped_gemm_wgrad(*_f64(grad, a), cu), torch.float16)
+
+
 def test_wgrad_invalid_cu_seqlens_stay_in_bounds():
     """cu_seqlens past NvS (unchecked on CUDA) must not read past the buffers."""
     from moonep_ops.kernels.triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad

@@ -59,6 +59,24 @@ def test_grouped_gemm_interpreted_strided(interpreted):
     assert rel_err(out, grouped_gemm_ref(a, w, cu)) <= TOLERANCE[torch.float32]
 
 
+def test_broadcast_inputs_interpreted(interpreted):
+    """Inputs with a stride of 0 (one row over NvS, one weight row for every group and row), the
+    pointer path that sm90 gives them too (no TMA over a zero stride): plain and fused GEMM."""
+    gemm = interpreted[0]
+    layout = Layout("broadcast", (5, 0, 9, 3), 20, k=24, n=16)
+    x, w_gate, w_up, _, cu, rw = experts_inputs(layout, torch.float32)
+    x, w_gate = x[:1].expand(x.shape), w_gate[:1, :1].expand(w_gate.shape)
+    assert not gemm.tma_usable(x, w_gate)
+    out = torch.full((layout.nvs, layout.n), float("nan"))
+    gemm.launch_grouped_gemm(x, w_gate, cu, out, configs.INTERPRETER_GEMM)
+    assert rel_err(out, grouped_gemm_ref(x, w_gate, cu)) <= TOLERANCE[torch.float32]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+    out = torch.full((layout.nvs, layout.n), float("nan"))
+    gemm.launch_grouped_gemm_silu_mul(x, w_gate, w_up, rw, cu, out, configs.INTERPRETER_GEMM)
+    assert rel_err(out, grouped_gemm_silu_mul_ref(x, w_gate, w_up, rw, cu)) <= TOLERANCE[torch.float32]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+
+
 @pytest.mark.parametrize("with_weights", [True, False], ids=["route_weights", "no_weights"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("layout", INTERP_LAYOUTS, ids=[lay.name for lay in INTERP_LAYOUTS])
