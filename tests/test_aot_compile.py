@@ -29,6 +29,15 @@ def _failed_lines(output: str) -> str:
     return "\n".join(line for line in output.splitlines() if "FAIL" in line or line.startswith("#"))[-4000:]
 
 
+def _passed_check(args: list[str]) -> str:
+    """The output of ``scripts/aot_compile_check.py ARGS`` in a subprocess, which must pass."""
+    proc = subprocess.run([sys.executable, "scripts/aot_compile_check.py", *args], cwd=subprocess_jobs.ROOT,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, _failed_lines(output) or output[-4000:]
+    return output
+
+
 @pytest.mark.subprocess_job("aot_sm90", "aot_sm86")
 def test_every_kernel_variant_compiles_for_sm90_and_sm86():
     for job in ("aot_sm90", "aot_sm86"):
@@ -55,10 +64,7 @@ def test_sm100_default_path_compiles_on_tcgen05():
     GEMMs use tcgen05 MMAs (the check's exit code). About 25 s of one core; the full sm100 matrix:
     ``--targets 100``."""
     args = ["--targets", "100", "--dtypes", "bf16", "--no-portable", "--problems", "0,2"]
-    proc = subprocess.run([sys.executable, "scripts/aot_compile_check.py", *args], cwd=subprocess_jobs.ROOT,
-                          env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True, timeout=600)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, _failed_lines(output) or output[-4000:]
+    output = _passed_check(args)
     summary = re.search(r"# (\d+) variants, (\d+) failed", output)
     assert summary and summary.group(2) == "0", output[-4000:]
     assert int(summary.group(1)) >= 20, f"only {summary.group(1)} variants seen (interception broken?)"
@@ -77,10 +83,7 @@ def test_sm120_takes_the_sm89_path_within_its_shared_memory():
     on the long compute-bound problem (where sm90 takes its largest tiles) and the short one, every
     variant, FP8 included, compiles for sm120 and fits (the sm90 configs would need up to 205 KB)."""
     args = ["--targets", "120", "--dtypes", "bf16", "--no-portable", "--problems", "0,2"]
-    proc = subprocess.run([sys.executable, "scripts/aot_compile_check.py", *args], cwd=subprocess_jobs.ROOT,
-                          env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True, timeout=600)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, _failed_lines(output) or output[-4000:]
+    output = _passed_check(args)
     # (the check's exit code covers the MMAs: HMMA in bf16, QMMA in FP8, as on sm89)
     variants = re.findall(r"^sm120 (\w+ \w+) .*USE_TMA=(\w+)", output, re.M)
     assert {"grouped_gemm_kernel bf16", "grouped_gemm_fp8_kernel fp8e4nv"} <= {k for k, _ in variants}, output[-4000:]
@@ -92,10 +95,7 @@ def test_fp8_kernels_compile_for_sm89_with_e4m3_mmas():
     QMMA), on both config branches (128-row tiles; 64-row tiles where segments average under 16
     rows); sm90 (QGMMA) and sm100 (tcgen05) compile them in the jobs above."""
     args = ["--targets", "89", "--dtypes", "bf16", "--problems", "2,3"]
-    proc = subprocess.run([sys.executable, "scripts/aot_compile_check.py", *args], cwd=subprocess_jobs.ROOT,
-                          env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True, timeout=600)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, _failed_lines(output) or output[-4000:]
+    output = _passed_check(args)
     fp8 = re.findall(r"^sm89 grouped_gemm_fp8_kernel fp8e4nv .*BLOCK_M=(\d+).* qmma (\d+)", output, re.M)
     assert {block_m for block_m, _ in fp8} == {"64", "128"}, output[-4000:]
     assert all(int(qmma) > 0 for _, qmma in fp8)

@@ -31,17 +31,16 @@ def _validate(check, op_name: str, cu_seqlens, *args) -> tuple:
 
 @functools.cache
 def _on_a_supported_gpu(check):
-    """``check``, after the capability of the device its first tensor is on (the signature the
-    check is cached by holds the device): the kernels need sm80 (bf16 MMAs, the shared memory their
-    configs take). CPU tensors (the AOT compile check) have none to check, and an argument that is
-    not a tensor is left to ``check``, whose message names it."""
+    """``check``, then the capability of the device its first tensor is on (the signature the check
+    is cached by holds the device): the kernels need sm80 (bf16 MMAs, the shared memory their
+    configs take). CPU tensors (the AOT compile check) have none to check."""
 
     def check_here(op_name: str, *args) -> None:
-        capability = capability_of(args[0]) if isinstance(args[0], torch.Tensor) else None
+        check(op_name, *args)
+        capability = capability_of(args[0])
         if capability is not None and capability < (8, 0):
             raise RuntimeError(f"moonep::{op_name}: the CUDA kernels need an NVIDIA GPU of compute capability 8.0 "
                                f"or newer (sm80+); this one is {capability[0]}.{capability[1]}")
-        check(op_name, *args)
 
     return check_here
 
