@@ -751,7 +751,7 @@ class TestDeviceCapability(BadInputCase):
                 """moonep::experts: the CUDA kernels need an NVIDIA GPU of compute capability 8.0 or newer (sm80+); this one is 7.5""")
 
     def test_none_gets_the_checks_message(self):
-        """The CUDA functions (their device-floor check first) name a None argument as the CPU ops do."""
+        """The CUDA functions (with their device-floor check) name a None argument as the CPU ops do."""
         from moonep_ops.kernels.cuda import fp8 as cuda_fp8, register
 
         cases = [(register.grouped_gemm, gg, _gg_args(), {0: "a", 1: "w", 2: "cu"}),
