@@ -133,7 +133,15 @@ def test_experts_backward(dtype, device):
                  rw.expand(LAYOUT.nvs))
         return torch.autograd.grad(out, tensors, grad_out.to(out.device, out.dtype))
 
-    refs = grads(ref_experts, [t.detach().cpu().double() for t in leaves])
-    for got, ref in zip(grads(moonep_ops.moonep_experts, leaves), refs):
-        assert not torch.isnan(got).any(), "NaN in a gradient"
-        assert rel_err(got, ref) <= TOLERANCE[dtype], f"rel err {rel_err(got, ref):.3g}"
+    leaves64 = [t.detach().cpu().double() for t in leaves]
+    refs = grads(ref_experts, leaves64)
+    got = grads(moonep_ops.moonep_experts, leaves)
+    for name, got_grad, ref in zip(("x", "w_gate", "w_up", "w_down"), got, refs):
+        assert not torch.isnan(got_grad).any(), f"NaN in the gradient of {name}"
+        assert rel_err(got_grad, ref) <= TOLERANCE[dtype], f"{name}: rel err {rel_err(got_grad, ref):.3g}"
+    # The route weight's gradient is one sum over every live row of terms of either sign, which can
+    # nearly cancel. Each row's term carries its own rounding, so the sum's error is bounded by the
+    # terms' norm (float64 autograd with one route weight per row), not by the sum.
+    rw_terms = grads(ref_experts, [*leaves64[:4], leaves64[4].expand(LAYOUT.nvs).clone()])[4]
+    rw_err = abs(float(got[4]) - float(refs[4])) / float(rw_terms.norm())
+    assert rw_err <= TOLERANCE[dtype], f"route weight: error {rw_err:.3g} of its per-row terms' norm"
