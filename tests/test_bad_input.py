@@ -733,16 +733,18 @@ class TestDeviceCapability(BadInputCase):
     """The CUDA kernels' device floor, sm80 (sm89 for the FP8 ops' e4m3 MMAs), named as the op: their
     CUDA functions called on CPU tensors with the capability forced (no GPU needed)."""
 
-    def forced(self, module, capability):
+    def forced(self, capability):
+        from moonep_ops.kernels.cuda import paths
+
         stack = contextlib.ExitStack()
-        stack.enter_context(unittest.mock.patch.object(module, "capability_of", lambda t: capability))
+        stack.enter_context(unittest.mock.patch.object(paths, "capability_of", lambda t: capability))
         stack.enter_context(unittest.mock.patch.object(checks, "_PASSED", set()))  # (checks cached per signature)
         return stack
 
     def test_below_sm80(self):
         from moonep_ops.kernels.cuda import register
 
-        with self.forced(register, (7, 5)):
+        with self.forced((7, 5)):
             self.assertExpectedInline(
                 self.raises(register.grouped_gemm, *_gg_args(), fake=False),
                 """moonep::grouped_gemm: the CUDA kernels need an NVIDIA GPU of compute capability 8.0 or newer (sm80+); this one is 7.5""")
@@ -770,7 +772,7 @@ class TestDeviceCapability(BadInputCase):
 
         a = torch.randn(NVS, 128, dtype=torch.bfloat16)
         w, scale = fp8.quantize_weight(torch.randn(G, 128, 128))
-        with self.forced(cuda_fp8, (8, 6)):
+        with self.forced((8, 6)):
             self.assertExpectedInline(
                 self.raises(cuda_fp8.grouped_gemm_fp8, a, w, scale, _cu(), fake=False),
                 """moonep::grouped_gemm_fp8: FP8 (e4m3) matrix multiply needs a GPU of compute capability 8.9 or newer; this one is 8.6""")

@@ -15,28 +15,12 @@ tensor-core MMAs exist from sm89 (Ada) on, and sm90 reads its weights by TMA unl
 ``MOONEP_OPS_PORTABLE`` asks for the pointer path that sm89 runs.
 """
 
-import functools
-
 import torch
 
 from ... import checks, flags
 from ...fp8 import num_blocks, weight_dims
 from .paths import capability_of, contiguous, gluon_host, gluon_wanted, on_device
-
-
-def _validate(check, op_name: str, cu_seqlens, *args) -> tuple:
-    """The checks; returns the call's static signature (the launch plans' key)."""
-    key = checks.checked(check, op_name, *args)
-    _check_capability(op_name, capability_of(args[0]))
-    checks.debug_checks(op_name, cu_seqlens, args[0].shape[0])
-    return key
-
-
-@functools.lru_cache(maxsize=None)
-def _check_capability(op_name: str, capability) -> None:
-    if capability < (8, 9):
-        raise RuntimeError(f"moonep::{op_name}: FP8 (e4m3) matrix multiply needs a GPU of compute capability "
-                           f"8.9 or newer; this one is {capability[0]}.{capability[1]}")
+from .validate import SM89_FP8, validate
 
 
 def choose(a, w, fused: bool):
@@ -140,7 +124,8 @@ def _empty(shape, like: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_gemm_fp8(a, w, w_scale, cu_seqlens):
-    key = _validate(checks.check_grouped_gemm_fp8, "grouped_gemm_fp8", cu_seqlens, a, w, w_scale, cu_seqlens)
+    key = validate(checks.check_grouped_gemm_fp8, "grouped_gemm_fp8", cu_seqlens, a, w, w_scale, cu_seqlens,
+                   floor=SM89_FP8)
     out = _empty((a.shape[0], weight_dims(w)[1]), a)
     with on_device(a):
         _gemm_or_zeros(a, w, w_scale, cu_seqlens, out, key)
@@ -148,8 +133,8 @@ def grouped_gemm_fp8(a, w, w_scale, cu_seqlens):
 
 
 def grouped_gemm_fp8_out(a, w, w_scale, cu_seqlens, out) -> None:
-    key = _validate(checks.check_grouped_gemm_fp8_out, "grouped_gemm_fp8_out", cu_seqlens, a, w, w_scale,
-                    cu_seqlens, out)
+    key = validate(checks.check_grouped_gemm_fp8_out, "grouped_gemm_fp8_out", cu_seqlens, a, w, w_scale,
+                   cu_seqlens, out, floor=SM89_FP8)
     checks.check_grouped_gemm_fp8_out_overlap("grouped_gemm_fp8_out", a, w, w_scale, cu_seqlens, out)
     with on_device(a):
         _gemm_or_zeros(a, w, w_scale, cu_seqlens, out, key)
@@ -164,7 +149,7 @@ def _gemm_or_zeros(a, w, w_scale, cu_seqlens, out, key) -> None:
 
 def experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens):
     args = (x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens)
-    key = _validate(checks.check_experts_fp8, "experts_fp8", cu_seqlens, *args)
+    key = validate(checks.check_experts_fp8, "experts_fp8", cu_seqlens, *args, floor=SM89_FP8)
     out = _empty(x.shape, x)
     with on_device(x):
         _experts_or_zeros(*args, out, key=key)
@@ -174,7 +159,7 @@ def experts_fp8(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale,
 def experts_fp8_out(x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens,
                     out) -> None:
     args = (x, w_gate, w_gate_scale, w_up, w_up_scale, w_down, w_down_scale, route_weights, cu_seqlens)
-    key = _validate(checks.check_experts_fp8_out, "experts_fp8_out", cu_seqlens, *args, out)
+    key = validate(checks.check_experts_fp8_out, "experts_fp8_out", cu_seqlens, *args, out, floor=SM89_FP8)
     checks.check_experts_fp8_out_overlap("experts_fp8_out", *args, out)
     with on_device(x):
         _experts_or_zeros(*args, out, key=key)

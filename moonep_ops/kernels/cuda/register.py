@@ -7,8 +7,6 @@ allocated from static shapes and every kernel reads ``cu_seqlens`` on the device
 imported at the first call.
 """
 
-import functools
-
 import torch
 
 from ... import checks
@@ -18,31 +16,7 @@ from .experts import experts_into
 from .fp8 import experts_fp8, experts_fp8_out, grouped_gemm_fp8, grouped_gemm_fp8_out  # noqa: F401
 from .paths import (capability_of, choose_dgrad, choose_dual_dgrad, choose_fused, contiguous, hopper_tma, on_device,
                     run_fused, run_unfused)
-
-
-def _validate(check, op_name: str, cu_seqlens, *args) -> tuple:
-    """``check(op_name, *args)`` and the device's capability once per static signature (metadata
-    only), and the values of ``cu_seqlens`` against the rows of ``args[0]`` when ``MOONEP_OPS_DEBUG``
-    asks for them (they sync the host). Returns the signature (the launch plans' key)."""
-    key = checks.checked(_on_a_supported_gpu(check), op_name, *args)
-    checks.debug_checks(op_name, cu_seqlens, args[0].shape[0])
-    return key
-
-
-@functools.cache
-def _on_a_supported_gpu(check):
-    """``check``, then the capability of the device its first tensor is on (the signature the check
-    is cached by holds the device): the kernels need sm80 (bf16 MMAs, the shared memory their
-    configs take). CPU tensors (the AOT compile check) have none to check."""
-
-    def check_here(op_name: str, *args) -> None:
-        check(op_name, *args)
-        capability = capability_of(args[0])
-        if capability is not None and capability < (8, 0):
-            raise RuntimeError(f"moonep::{op_name}: the CUDA kernels need an NVIDIA GPU of compute capability 8.0 "
-                               f"or newer (sm80+); this one is {capability[0]}.{capability[1]}")
-
-    return check_here
+from .validate import validate
 
 
 def _empty(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
@@ -50,7 +24,7 @@ def _empty(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
 
 
 def grouped_gemm(a, w, cu_seqlens):
-    key = _validate(checks.check_grouped_gemm, "grouped_gemm", cu_seqlens, a, w, cu_seqlens)
+    key = validate(checks.check_grouped_gemm, "grouped_gemm", cu_seqlens, a, w, cu_seqlens)
     out = _empty((a.shape[0], w.shape[1]), a)
     with on_device(a):
         run_unfused(a, w, contiguous(cu_seqlens), out, key=key)
@@ -58,7 +32,7 @@ def grouped_gemm(a, w, cu_seqlens):
 
 
 def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
-    key = _validate(checks.check_grouped_gemm_out, "grouped_gemm_out", cu_seqlens, a, w, cu_seqlens, out)
+    key = validate(checks.check_grouped_gemm_out, "grouped_gemm_out", cu_seqlens, a, w, cu_seqlens, out)
     checks.check_grouped_gemm_out_overlap("grouped_gemm_out", a, w, cu_seqlens, out)
     with on_device(a):
         run_unfused(a, w, contiguous(cu_seqlens), out, key=key)
@@ -67,7 +41,7 @@ def grouped_gemm_out(a, w, cu_seqlens, out) -> None:
 def silu_mul_weight(gate, up, route_weights, cu_seqlens):
     from ..triton.silu_mul_weight import launch_silu_mul_weight
 
-    _validate(checks.check_silu_mul_weight, "silu_mul_weight", cu_seqlens,
+    validate(checks.check_silu_mul_weight, "silu_mul_weight", cu_seqlens,
               gate, up, route_weights, cu_seqlens)
     out = _empty(gate.shape, gate)
     with on_device(gate):
@@ -77,7 +51,7 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
 
 
 def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
-    key = _validate(checks.check_grouped_gemm_silu_mul, "grouped_gemm_silu_mul", cu_seqlens,
+    key = validate(checks.check_grouped_gemm_silu_mul, "grouped_gemm_silu_mul", cu_seqlens,
                     x, w_gate, w_up, route_weights, cu_seqlens)
     out = _empty((x.shape[0], w_gate.shape[1]), x)
     with on_device(x):
@@ -89,7 +63,7 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
     from ..triton import grouped_gemm as triton_gemm
 
     name = "grouped_gemm_silu_mul_with_gate_up"
-    _validate(checks.check_grouped_gemm_silu_mul, name, cu_seqlens,
+    validate(checks.check_grouped_gemm_silu_mul, name, cu_seqlens,
               x, w_gate, w_up, route_weights, cu_seqlens)
     act, gate, up = (_empty((x.shape[0], w_gate.shape[1]), x) for _ in range(3))
     with on_device(x):
@@ -99,7 +73,7 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
 
 
 def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
-    key = _validate(checks.check_experts, "experts", cu_seqlens,
+    key = validate(checks.check_experts, "experts", cu_seqlens,
                     x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     out = _empty(x.shape, x)
     with on_device(x):
@@ -108,7 +82,7 @@ def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
 
 
 def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
-    key = _validate(checks.check_experts_out, "experts_out", cu_seqlens,
+    key = validate(checks.check_experts_out, "experts_out", cu_seqlens,
                     x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     checks.check_experts_out_overlap("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     with on_device(x):
@@ -120,7 +94,7 @@ def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None
 def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
     from ..triton import grouped_gemm as triton_gemm
 
-    _validate(checks.check_grouped_gemm_dgrad, "grouped_gemm_dgrad", cu_seqlens,
+    validate(checks.check_grouped_gemm_dgrad, "grouped_gemm_dgrad", cu_seqlens,
               grad_out, w, cu_seqlens)
     out = _empty((grad_out.shape[0], w.shape[2]), grad_out)
     # The forward kernel against the transposed view w[g]^T ([G, K, N], any strides): no copy.
@@ -133,7 +107,7 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
     from ..triton import grouped_gemm as triton_gemm
 
     name = "grouped_gemm_dual_dgrad"
-    _validate(checks.check_grouped_gemm_dual_dgrad, name, cu_seqlens,
+    validate(checks.check_grouped_gemm_dual_dgrad, name, cu_seqlens,
               grad_gate, grad_up, w_gate, w_up, cu_seqlens)
     out = _empty((grad_gate.shape[0], w_gate.shape[2]), grad_gate)
     # One persistent pass (both products into one accumulator) over the transposed weight views;
@@ -151,7 +125,7 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
 def grouped_gemm_wgrad(grad_out, a, cu_seqlens):
     from ..triton.grouped_gemm_wgrad import launch_grouped_gemm_wgrad, tma_usable
 
-    _validate(checks.check_grouped_gemm_wgrad, "grouped_gemm_wgrad", cu_seqlens, grad_out, a, cu_seqlens)
+    validate(checks.check_grouped_gemm_wgrad, "grouped_gemm_wgrad", cu_seqlens, grad_out, a, cu_seqlens)
     n, k = grad_out.shape[1], a.shape[1]
     out = _empty((cu_seqlens.shape[0], n, k), a)
     cap = capability_of(a)
@@ -166,7 +140,7 @@ def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
     from ..triton.silu_mul_weight import launch_silu_mul_weight_backward
 
     name = "silu_mul_weight_backward"
-    _validate(checks.check_silu_mul_weight_backward, name, cu_seqlens,
+    validate(checks.check_silu_mul_weight_backward, name, cu_seqlens,
               grad, gate, up, route_weights, cu_seqlens)
     d_gate, d_up = _empty(gate.shape, gate), _empty(gate.shape, gate)
     d_rw = _empty(gate.shape[0], gate, torch.float32)
@@ -180,7 +154,7 @@ def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seql
     from ..triton.grouped_gemm_silu_mul_backward import launch_grouped_gemm_silu_mul_backward, num_col_tiles
 
     name = "grouped_gemm_silu_mul_backward"
-    _validate(checks.check_grouped_gemm_silu_mul_backward, name, cu_seqlens,
+    validate(checks.check_grouped_gemm_silu_mul_backward, name, cu_seqlens,
               grad, x, w_gate, w_up, route_weights, cu_seqlens)
     num_rows, i = x.shape[0], w_gate.shape[1]
     d_gate, d_up = _empty((num_rows, i), x), _empty((num_rows, i), x)
