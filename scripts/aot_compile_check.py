@@ -163,12 +163,11 @@ TARGETS = ("80", "86", "89", "90", "100", "103", "120")
 
 
 # The tensor-core path a bf16/fp16 GEMM must take per target: (record key, what the SASS shows).
-TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm103": ("tcgen05", "tcgen05 MMA (UTC*MMA)"),
-                    "sm90": ("hgmma", "HGMMA")}
+TCGEN05_PATH = ("tcgen05", "tcgen05 MMA (UTC*MMA)")  # sm100, sm103
+TENSOR_CORE_PATH = {"sm100": TCGEN05_PATH, "sm103": TCGEN05_PATH, "sm90": ("hgmma", "HGMMA")}
 HMMA_PATH = ("hmma", "HMMA")  # sm80, sm86, sm89
 # The FP8 GEMM's e4m3 MMAs (the FP8 ops run from sm89 on).
-FP8_TENSOR_CORE_PATH = {"sm100": ("tcgen05", "tcgen05 MMA (UTC*MMA)"), "sm103": ("tcgen05", "tcgen05 MMA (UTC*MMA)"),
-                        "sm90": ("qgmma", "QGMMA"),
+FP8_TENSOR_CORE_PATH = {"sm100": TCGEN05_PATH, "sm103": TCGEN05_PATH, "sm90": ("qgmma", "QGMMA"),
                         "sm89": ("qmma", "QMMA"), "sm120": ("qmma", "QMMA")}
 
 

@@ -42,7 +42,7 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
     from ..triton.silu_mul_weight import launch_silu_mul_weight
 
     validate(checks.check_silu_mul_weight, "silu_mul_weight", cu_seqlens,
-              gate, up, route_weights, cu_seqlens)
+             gate, up, route_weights, cu_seqlens)
     out = _empty(gate.shape, gate)
     with on_device(gate):
         launch_silu_mul_weight(gate, up, contiguous(route_weights), contiguous(cu_seqlens), out,
@@ -52,7 +52,7 @@ def silu_mul_weight(gate, up, route_weights, cu_seqlens):
 
 def grouped_gemm_silu_mul(x, w_gate, w_up, route_weights, cu_seqlens):
     key = validate(checks.check_grouped_gemm_silu_mul, "grouped_gemm_silu_mul", cu_seqlens,
-                    x, w_gate, w_up, route_weights, cu_seqlens)
+                   x, w_gate, w_up, route_weights, cu_seqlens)
     out = _empty((x.shape[0], w_gate.shape[1]), x)
     with on_device(x):
         run_fused(x, w_gate, w_up, contiguous(route_weights), contiguous(cu_seqlens), out, key=key)
@@ -64,7 +64,7 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
 
     name = "grouped_gemm_silu_mul_with_gate_up"
     validate(checks.check_grouped_gemm_silu_mul, name, cu_seqlens,
-              x, w_gate, w_up, route_weights, cu_seqlens)
+             x, w_gate, w_up, route_weights, cu_seqlens)
     act, gate, up = (_empty((x.shape[0], w_gate.shape[1]), x) for _ in range(3))
     with on_device(x):
         triton_gemm.run(x, w_gate, w_up, contiguous(route_weights), contiguous(cu_seqlens), act, choose_fused,
@@ -74,7 +74,7 @@ def grouped_gemm_silu_mul_with_gate_up(x, w_gate, w_up, route_weights, cu_seqlen
 
 def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
     key = validate(checks.check_experts, "experts", cu_seqlens,
-                    x, w_gate, w_up, w_down, route_weights, cu_seqlens)
+                   x, w_gate, w_up, w_down, route_weights, cu_seqlens)
     out = _empty(x.shape, x)
     with on_device(x):
         experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out, key=key)
@@ -83,7 +83,7 @@ def experts(x, w_gate, w_up, w_down, route_weights, cu_seqlens):
 
 def experts_out(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out) -> None:
     key = validate(checks.check_experts_out, "experts_out", cu_seqlens,
-                    x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
+                   x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     checks.check_experts_out_overlap("experts_out", x, w_gate, w_up, w_down, route_weights, cu_seqlens, out)
     with on_device(x):
         experts_into(x, w_gate, w_up, w_down, route_weights, cu_seqlens, out, key=key)
@@ -95,7 +95,7 @@ def grouped_gemm_dgrad(grad_out, w, cu_seqlens):
     from ..triton import grouped_gemm as triton_gemm
 
     validate(checks.check_grouped_gemm_dgrad, "grouped_gemm_dgrad", cu_seqlens,
-              grad_out, w, cu_seqlens)
+             grad_out, w, cu_seqlens)
     out = _empty((grad_out.shape[0], w.shape[2]), grad_out)
     # The forward kernel against the transposed view w[g]^T ([G, K, N], any strides): no copy.
     with on_device(grad_out):
@@ -108,7 +108,7 @@ def grouped_gemm_dual_dgrad(grad_gate, grad_up, w_gate, w_up, cu_seqlens):
 
     name = "grouped_gemm_dual_dgrad"
     validate(checks.check_grouped_gemm_dual_dgrad, name, cu_seqlens,
-              grad_gate, grad_up, w_gate, w_up, cu_seqlens)
+             grad_gate, grad_up, w_gate, w_up, cu_seqlens)
     out = _empty((grad_gate.shape[0], w_gate.shape[2]), grad_gate)
     # One persistent pass (both products into one accumulator) over the transposed weight views;
     # the two gradients and the two weights must share strides.
@@ -141,7 +141,7 @@ def silu_mul_weight_backward(grad, gate, up, route_weights, cu_seqlens):
 
     name = "silu_mul_weight_backward"
     validate(checks.check_silu_mul_weight_backward, name, cu_seqlens,
-              grad, gate, up, route_weights, cu_seqlens)
+             grad, gate, up, route_weights, cu_seqlens)
     d_gate, d_up = _empty(gate.shape, gate), _empty(gate.shape, gate)
     d_rw = _empty(gate.shape[0], gate, torch.float32)
     with on_device(gate):
@@ -155,7 +155,7 @@ def grouped_gemm_silu_mul_backward(grad, x, w_gate, w_up, route_weights, cu_seql
 
     name = "grouped_gemm_silu_mul_backward"
     validate(checks.check_grouped_gemm_silu_mul_backward, name, cu_seqlens,
-              grad, x, w_gate, w_up, route_weights, cu_seqlens)
+             grad, x, w_gate, w_up, route_weights, cu_seqlens)
     num_rows, i = x.shape[0], w_gate.shape[1]
     d_gate, d_up = _empty((num_rows, i), x), _empty((num_rows, i), x)
     cfg = configs.fused_backward_config(i, x.shape[1], num_rows, x.dtype, capability_of(x))
