@@ -27,11 +27,13 @@ fails those targets' compiles).
     python scripts/aot_compile_check.py [--targets 90,100,80,86] [--dtypes bf16,fp16,fp32] [--json out.json]
     python scripts/aot_compile_check.py --targets 100 --dtypes bf16 --no-portable --problems 0,2
     python scripts/aot_compile_check.py --selftest   # the checker flags an oversized config, a missing MMA path
+    python scripts/aot_compile_check.py --table      # every Gluon config the tables pick (sm90; minutes)
 """
 
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -67,6 +69,34 @@ PROBLEMS = [
     ("short (flattened loop)", 4096, 1024, 768, 16),
     ("many groups (chunked scan)", 2048, 256, 128, 1100),
 ]
+
+
+# --table: model sizes the Gluon config tables (bf16, FP8) are swept over; one problem per
+# distinct set of picks is compiled (H, I: from 2048/256 up past the largest models; G and the rows
+# per group around every threshold of the tables; NvS around their absolute ones).
+TABLE_HIDDEN = (2048, 2880, 4096, 5120, 6144, 7168, 8192)
+TABLE_INTER = (256, 768, 1408, 1536, 2048, 4096, 8192, 14336)
+TABLE_GROUPS = (1, 8, 20, 64, 132, 260, 388, 1000)
+TABLE_ROWS_PER_GROUP = (1, 16, 47, 48, 63, 64, 100, 250, 256, 257, 512, 4096)
+TABLE_NUM_ROWS = (128, 8191, 8192, 12288, 16383, 16384, 32767, 32768, 40959, 40960, 131072)
+
+
+def table_problems() -> list:
+    """``(rows, H, I, G)``: for each distinct set of the Gluon tables' picks on the sweep (the bf16
+    and FP8 configs, and the FP8 launch pairs' second ones, of the gate/up and down GEMMs and of a
+    plain GEMM by the gate weight), the smallest problem that makes them."""
+    from moonep_ops.kernels.gluon import config
+
+    tables = (config.gluon_gemm_config, config.gluon_fp8_config, config.gluon_fp8_multi_tile_config)
+    smallest = {}
+    for h, i, g in itertools.product(TABLE_HIDDEN, TABLE_INTER, TABLE_GROUPS):
+        for rows in sorted({r * g for r in TABLE_ROWS_PER_GROUP} | set(TABLE_NUM_ROWS)):
+            picks = tuple(table(n, k, rows, fused, groups=g) for table in tables
+                          for fused, n, k in ((True, i, h), (False, h, i), (False, i, h)))
+            size = 3 * g * h * i + rows * (2 * h + i)
+            if picks not in smallest or size < smallest[picks][0]:
+                smallest[picks] = (size, (rows, h, i, g))
+    return sorted(problem for _, problem in smallest.values())
 
 
 class Compiler:
@@ -208,8 +238,40 @@ def forced_capability(capability, compiler: Compiler, portable: bool):
         flags.reload()
 
 
+_ALLOCATE = torch.empty  # (replaced by a sparse arena's allocator in --table)
+
+
 def _empty(*shape, dtype):
-    return torch.empty(shape, dtype=dtype)  # never read: nothing is launched
+    return _ALLOCATE(shape, dtype=dtype)  # never read: nothing is launched
+
+
+@contextlib.contextmanager
+def sparse_arena(size: int = 1 << 40):
+    """``_empty`` carves its tensors from a sparse file mapped shared (disjoint, contiguous,
+    1 KiB-aligned, never touched): problems whose weights pass this machine's memory still get
+    real CPU storages, where a plain allocation that large is refused."""
+    global _ALLOCATE
+    with tempfile.NamedTemporaryFile(prefix="moonep_aot_") as f:
+        f.truncate(size)
+        pool = torch.from_file(f.name, shared=True, size=size, dtype=torch.uint8)
+        offset = 0
+
+        def allocate(shape, dtype):
+            nonlocal offset
+            nbytes = dtype.itemsize
+            for d in shape:
+                nbytes *= d
+            if offset + nbytes > size:
+                raise MemoryError(f"sparse arena: {offset + nbytes} B needed, {size} B mapped")
+            tensor = pool[offset:offset + nbytes].view(dtype).view(shape)
+            offset += -(-nbytes // 1024) * 1024
+            return tensor
+
+        saved, _ALLOCATE = _ALLOCATE, allocate
+        try:
+            yield
+        finally:
+            _ALLOCATE = saved
 
 
 def run_all_ops(rows, k, n, g, dtype) -> None:
@@ -255,6 +317,35 @@ def run_fp8_ops(rows, k, n, g, dtype, block_major: bool = False) -> None:
         cuda.experts_fp8_out(x, b_gate, s_gate, b_up, s_up, b_down, s_down, torch.empty(rows, dtype=torch.float32),
                              cu, _empty(rows, k, dtype=dtype))
         cuda.grouped_gemm_fp8(x, b_gate, s_gate, cu)
+
+
+def run_table_problem(rows, h, i, g) -> None:
+    """The launches whose Gluon configs the tables pick by problem (sm90): the experts op with and
+    without route weights (its GEMM pair, the row-tile handoff where picked), the fused and the plain
+    GEMM alone, in bf16 and with FP8 weights."""
+    cu = torch.linspace(rows // (2 * g), rows // 2, g).to(torch.int32)
+    x, act = _empty(rows, h, dtype=torch.bfloat16), _empty(rows, i, dtype=torch.bfloat16)
+    w_gate, w_up, w_down = (_empty(*shape, dtype=torch.bfloat16) for shape in ((g, i, h), (g, i, h), (g, h, i)))
+    for rw in (torch.empty(rows, dtype=torch.float32), None):
+        cuda.experts_out(x, w_gate, w_up, w_down, rw, cu, _empty(rows, h, dtype=torch.bfloat16))
+    cuda.grouped_gemm_silu_mul(x, w_gate, w_up, torch.empty(rows, dtype=torch.float32), cu)
+    cuda.grouped_gemm(x, w_gate, cu)
+    cuda.grouped_gemm(act, w_down, cu)
+    run_fp8_ops(rows, h, i, g, torch.bfloat16)
+
+
+def check_table() -> list:
+    """Every variant the Gluon tables pick on the ``TABLE_*`` sweep, compiled for sm90."""
+    compiler = Compiler(GPUTarget("cuda", 90, 32))
+    problems = table_problems()
+    print(f"# {len(problems)} problems of distinct table picks", flush=True)
+    with forced_capability((9, 0), compiler, portable=False):
+        if paths.gluon_host() is None:
+            raise RuntimeError("--table: this Triton has no usable Gluon")
+        for rows, h, i, g in problems:
+            with sparse_arena():
+                run_table_problem(rows, h, i, g)
+    return list(compiler.variants.values())
 
 
 # Gluon configs the GPU tests force, whether or not the table picks them for PROBLEMS:
@@ -469,6 +560,9 @@ def main(argv=None) -> int:
                         help="skip the MOONEP_OPS_PORTABLE=1 pass of sm90+ targets")
     parser.add_argument("--json", default=None)
     parser.add_argument("--selftest", action="store_true")
+    parser.add_argument("--table", action="store_true",
+                        help="instead of --targets, --dtypes, --problems: every Gluon config the tables pick "
+                             "on a sweep of model sizes, for sm90")
     args = parser.parse_args(argv)
     if args.selftest:
         return selftest()
@@ -483,10 +577,13 @@ def main(argv=None) -> int:
     dtypes = [known_dtypes[d] for d in dtype_names]
     problems = PROBLEMS if args.problems is None else [PROBLEMS[int(i)] for i in problem_ids]
     print(f"# triton {triton.__version__}, torch {torch.__version__}")
-    records = []
-    for arch in (int(t) for t in targets):
-        for portable in ((False, True) if arch >= 90 and not args.no_portable else (False,)):
-            records += check_target(arch, dtypes, portable, problems)
+    if args.table:
+        records = check_table()
+    else:
+        records = []
+        for arch in (int(t) for t in targets):
+            for portable in ((False, True) if arch >= 90 and not args.no_portable else (False,)):
+                records += check_target(arch, dtypes, portable, problems)
     failures = _report(records)
     if args.json:
         with open(args.json, "w") as f:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from moonep_ops.kernels.triton import configs
 
@@ -137,6 +138,55 @@ def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys, switches):
     assert ptx and "wgmma.mma_async" in ptx[0].read_text()
 
 
+def _check_module():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    try:
+        import aot_compile_check
+    finally:
+        sys.path.pop(0)
+    return aot_compile_check
+
+
+def test_the_table_sweep_reaches_every_config_the_benchmarks_pick():
+    """``--table`` compiles the Gluon configs its sweep of model sizes picks; every config that the
+    benchmark's shapes and the layout sweep's lists (the tuned one and the held-out one) pick is
+    among them, so a table branch those reach and the sweep does not fails here."""
+    from benchmarks.shapes import SHAPES
+    from benchmarks.sweep import DEFAULT_CASES
+    from benchmarks.sweep_cases import sweep_cases
+    from moonep_ops.kernels.gluon import config
+
+    tables = (config.gluon_gemm_config, config.gluon_fp8_config, config.gluon_fp8_multi_tile_config)
+
+    def picks(rows, h, i, g):
+        return {(table.__name__, fused, cfg) for table in tables
+                for fused, n, k in ((True, i, h), (False, h, i), (False, i, h))
+                if (cfg := table(n, k, rows, fused, groups=g)) is not None}
+
+    problems = _check_module().table_problems()
+    assert problems
+    swept = set().union(*(picks(*problem) for problem in problems))
+    cases = sweep_cases(DEFAULT_CASES) + sweep_cases(DEFAULT_CASES, seed=1)  # (held out: --case-seed 1)
+    benchmarked = [(s.nvs(p), s.hidden, s.inter, s.num_groups) for s in SHAPES for p in (128, 1)]
+    benchmarked += [(c.shape().nvs(c.token_padding), c.hidden, c.inter, c.groups) for c in cases]
+    missed = {(name, fused, cfg, problem) for problem in benchmarked
+              for name, fused, cfg in picks(*problem) - swept}
+    assert not missed, sorted(missed, key=str)[:5]
+
+
+def test_the_sparse_arena_hands_out_disjoint_storage_past_the_machines_memory():
+    """``--table``'s tensors: real CPU storages, contiguous, 1 KiB-aligned and disjoint, even where
+    each passes the memory a plain allocation could get (nothing touches them)."""
+    aot = _check_module()
+    with aot.sparse_arena():
+        tensors = [aot._empty(1000, 4096, 4096, dtype=torch.bfloat16) for _ in range(3)]  # 34 GB each
+        tensors.append(aot._empty(7, 3, dtype=torch.float32))
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
+    assert all(t.is_contiguous() and t.data_ptr() % 1024 == 0 for t in tensors)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert aot._ALLOCATE is torch.empty  # (restored when the arena closes)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--targets", "90,91"], "--targets: 91 not among 80, 86, 89, 90, 100, 103, 120"),
     (["--dtypes", "int8"], "--dtypes: int8 not among bf16, fp16, fp32"),
@@ -144,11 +194,7 @@ def test_aot_dump_shows_the_sm90_main_loop(tmp_path, capsys, switches):
 ])
 def test_the_check_refuses_unknown_targets_dtypes_and_problems(argv, message, capsys):
     """Before compiling anything (an unknown target aborted inside LLVM)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-    try:
-        import aot_compile_check
-    finally:
-        sys.path.pop(0)
+    aot_compile_check = _check_module()
     with pytest.raises(SystemExit) as info:
         aot_compile_check.main(argv)
     assert info.value.code == 2
