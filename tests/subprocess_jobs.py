@@ -37,6 +37,7 @@ def _aot(*args):
 JOBS = {
     "interpreter_forward": (_pytest("tests/interpreter_cases.py"), {"TRITON_INTERPRET": "1"}, 1200),
     "aot_sm90": (_aot("--targets", "90", "--dtypes", "bf16"), {"TRITON_INTERPRET": "0"}, 1200),
+    "aot_table": (_aot("--table"), {"TRITON_INTERPRET": "0"}, 1200),
     "interpreter_backward": (_pytest("tests/interpreter_backward_cases.py"), {"TRITON_INTERPRET": "1"}, 900),
     "aot_sm86": (_aot("--targets", "86", "--dtypes", "bf16,fp32"), {"TRITON_INTERPRET": "0"}, 1200),
     "aot_selftest": (_aot("--selftest"), {"TRITON_INTERPRET": "0"}, 600),

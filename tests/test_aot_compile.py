@@ -6,9 +6,10 @@ so a kernel that the next Triton cannot compile shows up here first.
 sm90 in bf16 (TMA and, with MOONEP_OPS_PORTABLE=1, the portable path) and sm86 (the smallest
 shared memory of the supported GPUs; sm80's configs are the same) in bf16 and fp32 (fp16 takes
 bf16's configs; fp32 takes the same small configs on every GPU, so sm86 bounds its shared
-memory); each target is one background subprocess job (tests/subprocess_jobs.py). sm100
-(Blackwell) and sm120 (consumer Blackwell) in targeted cases: bf16 on their default paths, two of
-the check's problems; the FP8 kernels (sm89+) on sm89 in another.
+memory); each target is one background subprocess job (tests/subprocess_jobs.py), and so is the
+sweep of the Gluon config tables (``--table``). sm100 (Blackwell) and sm120 (consumer Blackwell)
+in targeted cases: bf16 on their default paths, two of the check's problems; the FP8 kernels
+(sm89+) on sm89 in another.
 """
 
 import os
@@ -55,6 +56,19 @@ def test_every_kernel_variant_compiles_for_sm90_and_sm86():
         "no FP8 or no bf16 Gluon variant compiled for sm90"
     serialized = [line for line in gluon if "WGMMA SERIALIZED" in line]
     assert not serialized, "\n".join(serialized)
+
+
+@pytest.mark.subprocess_job("aot_table")
+def test_every_gluon_variant_the_tables_pick_compiles_for_sm90():
+    """``--table``: the Gluon variants of every set of config-table picks over a sweep of model
+    sizes (a layout nobody benchmarked may reach any of them) compile within sm90's shared memory,
+    their wgmmas pipelined."""
+    returncode, output = subprocess_jobs.result("aot_table")
+    assert returncode == 0, _failed_lines(output) or output[-4000:]
+    summary = re.search(r"# (\d+) variants, (\d+) failed, (\d+) with every wgmma serialized", output)
+    assert summary and summary.group(2) == "0", output[-4000:]
+    assert int(summary.group(1)) >= 300, f"only {summary.group(1)} variants seen (the sweep shrank?)"
+    assert summary.group(3) == "0", "\n".join(line for line in output.splitlines() if "WGMMA SERIALIZED" in line)
 
 
 def test_sm100_default_path_compiles_on_tcgen05():
