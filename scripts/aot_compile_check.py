@@ -10,7 +10,9 @@ Hopper configs and the TMA path, (10, 0) >= (9, 0); sm120 runs as sm89,
 ``JITFunction.run`` is replaced by an ahead-of-time ``triton.compile`` for that target (Triton's
 own specialization of the arguments, nothing launched). Shapes cover every branch of the config
 tables (see ``PROBLEMS``), with and without route weights, the in-register and the chunked
-``cu_seqlens`` scan, bf16/fp16/fp32, and ``MOONEP_OPS_PORTABLE=1`` on sm90 and newer.
+``cu_seqlens`` scan, bf16/fp16/fp32, and ``MOONEP_OPS_PORTABLE=1`` on sm90 and newer. ``--table``
+instead sweeps the Gluon config tables over model sizes (``TABLE_*``) and compiles, for sm90, the
+variants of every distinct set of picks (:func:`table_problems`).
 
 Per unique variant: shared memory (against the target's per-block limit), registers and spill
 stores, and the tensor-core instructions of the machine code (from the cubin, via the
