@@ -204,7 +204,7 @@ def test_the_sparse_arena_hands_out_disjoint_storage_past_the_machines_memory():
 @pytest.mark.parametrize("argv, message", [
     (["--targets", "90,91"], "--targets: 91 not among 80, 86, 89, 90, 100, 103, 120"),
     (["--dtypes", "int8"], "--dtypes: int8 not among bf16, fp16, fp32"),
-    (["--problems", "0,99"], "--problems: 99 not among 0, 1, 2, 3"),
+    (["--problems", "0,99"], "--problems: 99 not among 0, 1, 2, 3, 4"),
 ])
 def test_the_check_refuses_unknown_targets_dtypes_and_problems(argv, message, capsys):
     """Before compiling anything (an unknown target aborted inside LLVM)."""
