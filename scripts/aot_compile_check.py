@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -86,18 +87,24 @@ TABLE_ROWS_PER_GROUP = (1, 16, 47, 48, 63, 64, 100, 250, 256, 257, 512, 4096)
 TABLE_NUM_ROWS = (128, 8191, 8192, 12288, 16383, 16384, 32767, 32768, 40959, 40960, 131072)
 
 
-def table_problems() -> list:
-    """``(rows, H, I, G)``: for each distinct set of the Gluon tables' picks on the sweep (the bf16
-    and FP8 configs, and the FP8 launch pairs' second ones, of the gate/up and down GEMMs and of a
-    plain GEMM by the gate weight), the smallest problem that makes them."""
+def table_picks(rows, h, i, g) -> tuple:
+    """``(table name, fused, config or None)`` of each Gluon table (bf16, FP8, the FP8 launch pairs'
+    second config) for the gate/up and down GEMMs of ``(rows, H, I, G)`` and a plain GEMM by the
+    gate weight."""
     from moonep_ops.kernels.gluon import config
 
     tables = (config.gluon_gemm_config, config.gluon_fp8_config, config.gluon_fp8_multi_tile_config)
+    return tuple((table.__name__, fused, table(n, k, rows, fused, groups=g)) for table in tables
+                 for fused, n, k in ((True, i, h), (False, h, i), (False, i, h)))
+
+
+def table_problems() -> list:
+    """``(rows, H, I, G)``: for each distinct set of :func:`table_picks` on the sweep, the smallest
+    problem that makes them."""
     smallest = {}
     for h, i, g in itertools.product(TABLE_HIDDEN, TABLE_INTER, TABLE_GROUPS):
         for rows in sorted({r * g for r in TABLE_ROWS_PER_GROUP} | set(TABLE_NUM_ROWS)):
-            picks = tuple(table(n, k, rows, fused, groups=g) for table in tables
-                          for fused, n, k in ((True, i, h), (False, h, i), (False, i, h)))
+            picks = table_picks(rows, h, i, g)
             size = 3 * g * h * i + rows * (2 * h + i)
             if picks not in smallest or size < smallest[picks][0]:
                 smallest[picks] = (size, (rows, h, i, g))
@@ -263,9 +270,7 @@ def sparse_arena(size: int = 1 << 40):
 
         def allocate(shape, dtype):
             nonlocal offset
-            nbytes = dtype.itemsize
-            for d in shape:
-                nbytes *= d
+            nbytes = math.prod(shape) * dtype.itemsize
             if offset + nbytes > size:
                 raise MemoryError(f"sparse arena: {offset + nbytes} B needed, {size} B mapped")
             tensor = pool[offset:offset + nbytes].view(dtype).view(shape)

@@ -168,16 +168,13 @@ def test_the_table_sweep_reaches_every_config_the_benchmarks_pick():
     from benchmarks.shapes import SHAPES
     from benchmarks.sweep import DEFAULT_CASES
     from benchmarks.sweep_cases import sweep_cases
-    from moonep_ops.kernels.gluon import config
 
-    tables = (config.gluon_gemm_config, config.gluon_fp8_config, config.gluon_fp8_multi_tile_config)
+    aot = _check_module()
 
     def picks(rows, h, i, g):
-        return {(table.__name__, fused, cfg) for table in tables
-                for fused, n, k in ((True, i, h), (False, h, i), (False, i, h))
-                if (cfg := table(n, k, rows, fused, groups=g)) is not None}
+        return {pick for pick in aot.table_picks(rows, h, i, g) if pick[2] is not None}
 
-    problems = _check_module().table_problems()
+    problems = aot.table_problems()
     assert problems
     swept = set().union(*(picks(*problem) for problem in problems))
     cases = sweep_cases(DEFAULT_CASES) + sweep_cases(DEFAULT_CASES, seed=1)  # (held out: --case-seed 1)
