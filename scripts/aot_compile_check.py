@@ -377,6 +377,8 @@ GLUON_CANDIDATES = [
     # idle upper halves of segments' only row tiles alone
     (True, dict(block_n=64, stages=6, skip_idle_half=True, skip_lone_tiles_only=True)),
     (False, dict(pingpong=False, stages=6, skip_idle_half=True, skip_lone_tiles_only=True)),
+    # idle upper halves only where the kernel's scan finds the live segments short
+    (True, dict(pingpong=False, stages=4, skip_idle_half=True, skip_on_long_segments=False)),
 ]
 
 # The experts op's down GEMM as a programmatic dependent without the handoff (its first item's

@@ -12,8 +12,10 @@ from moonep_ops.kernels.gluon import config as configs
 
 def skips(cfg) -> str:
     """Which row tiles' idle upper halves the config skips: every segment's last, a segment's only
-    one, or none."""
-    return "none" if not cfg.skip_idle_half else "lone" if cfg.skip_lone_tiles_only else "last"
+    one, every segment's last where the kernel finds the live segments short, or none."""
+    if not cfg.skip_idle_half:
+        return "none"
+    return "lone" if cfg.skip_lone_tiles_only else "last" if cfg.skip_on_long_segments else "short"
 
 
 def test_config_table_picks_each_consumer_scheme():
@@ -56,14 +58,12 @@ def test_config_table_picks_each_consumer_scheme():
     assert pick(7168, 2048, 13312, fused=False).tail_by_producer  # kimi-k2 decode down
     assert not pick(2048, 768, 48896, fused=False).tail_by_producer  # qwen3 down
     # Idle upper halves of every segment's last row tile skipped only where measured faster:
-    # qwen3 S=2048's GEMMs, kimi-k2's down GEMMs below NvS 32768 and its decode fused GEMM
-    # (segments of one row tile: no partner to drift from). Elsewhere those of a segment's only row
-    # tile alone, except in kimi-k2's cooperative fused GEMMs, where segments span several row
-    # tiles (the skip breaks the step of the programs sharing weight tiles).
-    assert skips(pick(2048, 7168, 13312, fused=True)) == "last"
-    assert skips(pick(2048, 7168, 8192, fused=True)) == "none"
-    assert skips(pick(2048, 7168, 20480, fused=True)) == "none"
-    assert skips(pick(2048, 7168, 45056, fused=True)) == "none"
+    # qwen3 S=2048's GEMMs and kimi-k2's down GEMMs below NvS 32768. Elsewhere those of a
+    # segment's only row tile alone, except in kimi-k2's cooperative fused GEMMs: there only where
+    # the kernel finds the live segments one row tile each (decode: no partner to drift from; where
+    # segments span several row tiles, the skip breaks the step of the programs sharing weight tiles).
+    for nvs in (8192, 13312, 20480, 45056):
+        assert skips(pick(2048, 7168, nvs, fused=True)) == "short"
     assert skips(pick(768, 2048, 48896, fused=True)) == "last"
     assert skips(pick(768, 2048, 33024, fused=True)) == "lone"  # qwen3 S=64 gate/up
     assert skips(pick(2048, 768, 48896, fused=False)) == "last"
@@ -86,8 +86,9 @@ def test_config_table_picks_each_consumer_scheme():
 
 def test_tiny_segments_skip_idle_halves_in_every_config():
     """Fewer than 64 rows per group (unpadded decode): the picks skip every segment's last row
-    tile's idle upper half, except the cooperative fused config of long reductions (an
-    expert-parallel rank's buffer: most groups empty, the live segments several row tiles long)."""
+    tile's idle upper half, except the cooperative fused config of long reductions, which skips
+    where the kernel finds the live segments short (an expert-parallel rank's buffer: most groups
+    empty, the live segments one row tile each in decode, several in prefill)."""
     pick = configs.gluon_gemm_config
     for n, k, nvs, g, fused in ((2048, 7168, 1024, 52, True),  # kimi-k2 decode, unpadded
                                 (7168, 2048, 1024, 52, False),
@@ -108,7 +109,7 @@ def test_tiny_segments_skip_idle_halves_in_every_config():
     assert skips(pick(4096, 7168, 1024, True, groups=8)) == "lone"  # 128 per group
     for nvs in (8192, 20480):  # kimi-k2 S=1024 unpadded and padded: G = 388, 52 of them live
         assert pick(2048, 7168, nvs, True, groups=388) == pick(2048, 7168, nvs, True)
-        assert skips(pick(2048, 7168, nvs, True, groups=388)) == "none"
+        assert skips(pick(2048, 7168, nvs, True, groups=388)) == "short"
 
 
 def test_cooperative_down_gemm_keeps_shared_memory_room_for_long_reductions():
@@ -268,10 +269,11 @@ def test_skip_idle_tiles_needs_split_rings_and_no_idle_halves(fields):
     assert str(err.value).startswith("GluonConfig: skip_idle_tiles needs split rings and no skip_idle_half, got ")
 
 
-@pytest.mark.parametrize("skip, lone", [(False, False), (True, False), (True, True)])
-def test_idle_half_switches_reach_the_kernel(skip, lone):
-    """The kernel's ``SKIP_IDLE_HALF`` and ``SKIP_LONE_ONLY`` constexprs are the config's fields (CPU
-    tensors: the arguments are built, nothing launches)."""
+@pytest.mark.parametrize("skip, lone, on_long", [(False, False, True), (True, False, True), (True, True, True),
+                                                 (True, False, False)])
+def test_idle_half_switches_reach_the_kernel(skip, lone, on_long):
+    """The kernel's ``SKIP_IDLE_HALF``, ``SKIP_LONE_ONLY`` and ``SKIP_ON_LONG_SEGMENTS`` constexprs are the
+    config's fields (CPU tensors: the arguments are built, nothing launches)."""
     import torch
 
     from moonep_ops.kernels.cuda import paths
@@ -281,9 +283,10 @@ def test_idle_half_switches_reach_the_kernel(skip, lone):
         pytest.skip("this Triton has no usable Gluon")
     a, w = torch.empty(256, 64, dtype=torch.bfloat16), torch.empty(2, 128, 64, dtype=torch.bfloat16)
     out, cu = torch.empty(256, 128, dtype=torch.bfloat16), torch.tensor([100, 256], dtype=torch.int32)
-    cfg = configs.GluonConfig(skip_idle_half=skip, skip_lone_tiles_only=lone)
+    cfg = configs.GluonConfig(skip_idle_half=skip, skip_lone_tiles_only=lone, skip_on_long_segments=on_long)
     args = host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None))
     assert (args["SKIP_IDLE_HALF"], args["SKIP_LONE_ONLY"], args["HALF_LOADS"]) == (skip, lone, skip)
+    assert args["SKIP_ON_LONG_SEGMENTS"] == on_long
 
 
 def _plain_fp8_gemm(cfg):

@@ -207,16 +207,16 @@ IDLE_CONFIGS = {"plain_pingpong": (False, PLAIN["pingpong_n128_s5"]), "plain_coo
                 "plain_coop_lone": (False, dict(PLAIN["coop_n128_s6"], skip_lone_tiles_only=True))}
 
 
-def _idle_problem(lone_only, k=256, n=384, tail=50):
+def _idle_problem(lone_only, k=256, n=384, tail=50, segments=IDLE_SEGMENTS):
     """``(layout, weights [NvS] fp32, skipped [NvS] bool)``: weight 0 (and NaN rows in the caller's
     input) outside each segment's live rows, NaN in the tail; ``skipped``: the rows the kernels
     must skip (``lone_only``: in segments of one row tile alone)."""
-    sizes = tuple(size for size, _ in IDLE_SEGMENTS)
+    sizes = tuple(size for size, _ in segments)
     layout = Layout("idle", sizes, sum(sizes) + tail, k=k, n=n)
     rw = torch.zeros(layout.nvs)
     skipped = torch.zeros(layout.nvs, dtype=torch.bool)
     start = 0
-    for size, live in IDLE_SEGMENTS:
+    for size, live in segments:
         for r in live:
             rw[start + r] = torch.rand(()).item() + 0.1
         if size and (size <= 128 or not lone_only):
@@ -262,6 +262,47 @@ def test_idle_upper_halves_are_skipped_exactly_where_they_should(name):
     live = ~idle[:, 0]
     live[layout.total:] = False
     assert torch.equal(outs[True][live], outs[False][live]), "the skip changed a live row"
+
+
+# The idle-half skip gated by the kernel's scan of ``cu_seqlens``: with ``skip_on_long_segments=False``
+# no half is skipped where the live segments average more than 1.25 row tiles of 128. Layouts as
+# (segments, long): IDLE_SEGMENTS has 7 live segments in 8 row tiles of 128 rows (not long); without
+# its 256-row segment, 6 in 6; its 256- and 40-row segments alone, 2 in 3 (long).
+GATE_LAYOUTS = {"mixed": (IDLE_SEGMENTS, False), "single_tiles": (IDLE_SEGMENTS[1:], False),
+                "long_segments": ((IDLE_SEGMENTS[0], IDLE_SEGMENTS[6]), True)}
+
+
+@pytest.mark.parametrize("layout_name", GATE_LAYOUTS)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+def test_idle_halves_are_skipped_only_where_segments_are_short_when_gated(layout_name, fused):
+    from moonep_ops.kernels.gluon import host
+
+    segments, long_segments = GATE_LAYOUTS[layout_name]
+    layout, rw, skipped = _idle_problem(lone_only=False, segments=segments)
+    idle = (rw == 0)[:, None]
+    x, w_gate, w_up, _, cu, _ = experts_inputs(layout, torch.bfloat16, "cuda")
+    x = x.masked_fill(idle, float("nan"))  # garbage in the rows whose weight is 0: a computed one shows
+    cfg = dict(FUSED["coop_n128_s4"] if fused else PLAIN["coop_n128_s6"], skip_idle_half=True,
+               skip_on_long_segments=False)
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    if fused:
+        host.launch(x, w_gate, cu, out, 132, w_up=w_up, route_weights=rw, **cfg)
+        ref = grouped_gemm_silu_mul_ref(x.masked_fill(idle, 0.0), w_gate, w_up, rw, cu)
+    else:
+        host.launch(x, w_gate, cu, out, 132, idle_weights=rw, **cfg)
+        ref = grouped_gemm_ref(x.masked_fill(idle, 0.0), w_gate, cu)
+    torch.cuda.synchronize()
+    live = (rw != 0) & ~torch.isnan(rw)
+    assert rel_err(out[live], ref[live.cpu()]) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+    assert 0 < int(skipped.sum())
+    computed = idle[:, 0] & ~skipped
+    computed[layout.total:] = False
+    assert torch.isnan(out[computed]).all(), "a row of a busy upper half (or a lower half) was skipped"
+    if long_segments:
+        assert torch.isnan(out[skipped]).all(), "an idle half was skipped on a layout of long segments"
+    else:
+        assert torch.equal(out[skipped], torch.zeros_like(out[skipped])), "an idle half was computed"
 
 
 def test_public_ops_on_moonep_padding_with_zero_weights():

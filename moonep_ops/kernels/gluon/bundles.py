@@ -91,7 +91,9 @@ class Problem:
     ``tail_items``: the tail's items; ``col_tiles``: column tiles per row tile;
     ``zero_col_tiles``: column chunks of the tail the producer zeroes; ``spread``: 1 where idle
     tiles are skipped and the programs swap items in pairs every other round (``SKIP_IDLE_TILES``
-    on an even grid; :func:`.schedule.program_item`), else 0. ``walk_group``, ``walk_tiles``,
+    on an even grid; :func:`.schedule.program_item`), else 0. ``skip_halves``: 0 where the kernel
+    found the live segments long and its config skips idle upper halves only elsewhere
+    (``skip_on_long_segments`` False), else 1. ``walk_group``, ``walk_tiles``,
     ``walk_end``: the segment cursor the program's walks start from (:func:`.kernel._totals`; not read
     with the row-tile handoff, whose partitions start at the first segment)."""
     out_ptr: gl.tensor
@@ -110,14 +112,15 @@ class Problem:
     col_tiles: Int
     zero_col_tiles: Int
     spread: Int
+    skip_halves: Int
     walk_group: Int
     walk_tiles: Int
     walk_end: Int
 
     @constexpr_function
     def __init__(self, out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
-                 FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread, walk_group,
-                 walk_tiles, walk_end):
+                 FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread, skip_halves,
+                 walk_group, walk_tiles, walk_end):
         self.out_ptr = out_ptr
         self.row_weights_ptr = row_weights_ptr
         self.cu_seqlens_ptr = cu_seqlens_ptr
@@ -134,6 +137,7 @@ class Problem:
         self.col_tiles = _field(col_tiles)
         self.zero_col_tiles = _field(zero_col_tiles)
         self.spread = _field(spread)
+        self.skip_halves = _field(skip_halves)
         self.walk_group = _field(walk_group)
         self.walk_tiles = _field(walk_tiles)
         self.walk_end = _field(walk_end)

@@ -27,6 +27,10 @@ class GluonConfig:
     skip_lone_tiles_only: bool = False
     # with skip_idle_half: such a tile's producer loads only the lower half of its `a` rows
     half_loads: bool = True
+    # with skip_idle_half: also where the kernel's scan of cu_seqlens finds live segments of more
+    # than 1.25 row tiles of 128 on average; False: there the launch skips no half (it skips on
+    # decode-like layouts only: segments of one row tile, a hot expert's few more)
+    skip_on_long_segments: bool = True
     # fused GEMM of the experts op: its producer also zeroes the down GEMM's output tail
     takes_out_tail: bool = False
     # columns per epilogue store (0: the whole tile; block_n / 2: a split epilogue, whose
@@ -133,11 +137,13 @@ def _table_config(n: int, k: int, num_rows: int, fused: bool, tiny: bool, decode
     tail_by_producer = k >= 2048
     if fused:
         if _long_fused(k, num_rows):
-            # Long compute-bound fused tiles: cooperative. The handoff and the idle-half skip gain
-            # only on decode-sized kimi-k2 buffers, whose segments are one row tile each.
+            # Long compute-bound fused tiles: cooperative. The handoff gains only on decode-sized
+            # kimi-k2 buffers; the idle-half skip only where segments are one row tile each (decode,
+            # padded or not), which the kernel's scan of cu_seqlens tells: on segments of several
+            # tiles a row tile finishing early puts the others sharing its weight tiles out of step.
             return GluonConfig(block_n=128, stages=4, pingpong=False, group_major=num_rows < 32768,
                                tail_by_producer=tail_by_producer, handoff=num_rows < 16384,
-                               skip_idle_half=12288 <= num_rows < 16384)
+                               skip_idle_half=True, skip_on_long_segments=False)
         if k >= 5120 and not tiny:
             # Smaller buffers of long reductions whose segments fill row tiles (llama4; H = 7168
             # with few groups): cooperative too, with the lone-tile skip below. At H = 4096

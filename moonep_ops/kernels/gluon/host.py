@@ -174,7 +174,8 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,
                 SPLIT_RING=cfg.split_ring, SKIP_IDLE_TILES=cfg.skip_idle_tiles, SPLIT_ROWS=cfg.split_rows,
                 BLOCK_MAJOR=is_block_major(w), SKIP_EMPTY_RUNS=cfg.skip_empty_runs,
-                RUN_ON={None: 0, True: 1, False: 2}[cfg.on_multi_tile], num_warps=cfg.num_warps)
+                RUN_ON={None: 0, True: 1, False: 2}[cfg.on_multi_tile],
+                SKIP_ON_LONG_SEGMENTS=cfg.skip_on_long_segments, num_warps=cfg.num_warps)
 
 
 def _compile_and_launch(grid, kwargs, role: PdlRole):

@@ -41,6 +41,7 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               MAX_POLLS: gl.constexpr, HALF_LOADS: gl.constexpr, FP8: gl.constexpr,
                               SPLIT_RING: gl.constexpr, SKIP_IDLE_TILES: gl.constexpr, SPLIT_ROWS: gl.constexpr,
                               BLOCK_MAJOR: gl.constexpr, SKIP_EMPTY_RUNS: gl.constexpr, RUN_ON: gl.constexpr,
+                              SKIP_ON_LONG_SEGMENTS: gl.constexpr,
                               num_warps: gl.constexpr):
     """Arguments: the TMA descriptors of :func:`.host.descriptors`; ``out`` again as a pointer
     (masked stores); a weight per row of ``a`` (route weights, or zeros marking idle rows);
@@ -49,7 +50,7 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     once the primary stored all of it; the FP8 block scales and their strides (:class:`.bundles.Scales`).
     Then :class:`.config.GluonConfig` and the launch's role as constexprs (see
     :func:`.host.kernel_args`; ``RUN_ON``: the config's ``on_multi_tile``, 0 for None, 1 for True,
-    2 for False)."""
+    2 for False; ``SKIP_ON_LONG_SEGMENTS``: the config's ``skip_on_long_segments``)."""
     if LAUNCH_DEPENDENTS:
         # Programmatic dependent launch: the next kernel (the down GEMM, or a launch pair's second)
         # may launch now; its programs take the SMs this grid's programs leave and wait for this
@@ -60,9 +61,13 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     # (not with the row-tile handoff, whose items come from a counter: there they start at the first)
     pid = gl.program_id(0)
     totals = _totals(cu_seqlens_ptr, G, NUM_ROWS, pid if GROUP_MAJOR else pid // col_tiles,
-                     col_tiles if GROUP_MAJOR else 1, BLOCK_M, BLOCK_G, SKIP_IDLE_TILES, RUN_ON, not HANDOFF,
+                     col_tiles if GROUP_MAJOR else 1, BLOCK_M, BLOCK_G, SKIP_IDLE_TILES, RUN_ON,
+                     SKIP_IDLE_HALF and not SKIP_ON_LONG_SEGMENTS, not HANDOFF,
                      num_warps)
-    real_tiles, live_segments, live_end, walk_group, walk_tiles, walk_end = totals
+    real_tiles, live_segments, live_end, walk_group, walk_tiles, walk_end, long_segments = totals
+    skip_halves = 1  # (a constant where the idle-half skip does not depend on the layout)
+    if SKIP_IDLE_HALF and not SKIP_ON_LONG_SEGMENTS:
+        skip_halves = 1 - long_segments
     spread = 0  # (a constant where the programs never swap items)
     if SKIP_IDLE_TILES:
         spread = _spread(real_tiles, live_segments)
@@ -72,8 +77,8 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
 
     descs = Descriptors(a_desc, a_half_desc, w_desc, w_up_desc, zero_desc, out_desc)
     problem = Problem(out_ptr, row_weights_ptr, cu_seqlens_ptr, handoff_ptr, G, NUM_ROWS, N, K, stride_om,
-                      FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread, walk_group,
-                      walk_tiles, walk_end)
+                      FLAG_TARGET, real_items, live_end, tail_items, col_tiles, zero_col_tiles, spread, skip_halves,
+                      walk_group, walk_tiles, walk_end)
     scales = Scales(a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg, stride_wsn,
                     stride_usg, stride_usn, stride_osm)
     features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, ZERO_TAIL and TAIL_BY_PRODUCER,
@@ -87,12 +92,14 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
 
 @gluon.jit
 def _totals(cu_seqlens_ptr, G, NUM_ROWS, key, scale, BLOCK_M: gl.constexpr, BLOCK_G: gl.constexpr,
-            SKIP_IDLE_TILES: gl.constexpr, RUN_ON: gl.constexpr, FIND_START: gl.constexpr, num_warps: gl.constexpr):
+            SKIP_IDLE_TILES: gl.constexpr, RUN_ON: gl.constexpr, CLASSIFY: gl.constexpr, FIND_START: gl.constexpr,
+            num_warps: gl.constexpr):
     """From a vector scan of ``cu_seqlens`` (every partition gets the results as scalars): the
     real row tiles this launch takes, the live segments (counted where a config asks), the tail's
-    first row, and where the segment walks start (:func:`.schedule.walk`): with ``FIND_START`` the
-    cursor one step before the segment of ``key`` (``key`` and ``scale`` as there), as group, tiles
-    and end, else before the first segment. A walk from there steps over the empty segments ahead of
+    first row, where the segment walks start (:func:`.schedule.walk`) and, with ``CLASSIFY``,
+    whether the live segments are long (else 0). The walks start with ``FIND_START`` at the cursor
+    one step before the segment of ``key`` (``key`` and ``scale`` as there), as group, tiles and
+    end, else before the first segment. A walk from there steps over the empty segments ahead of
     its first item (decode on an expert-parallel rank: the other ranks' experts, then the prefetch
     slots) without a dependent load each."""
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
@@ -116,12 +123,18 @@ def _totals(cu_seqlens_ptr, G, NUM_ROWS, key, scale, BLOCK_M: gl.constexpr, BLOC
             walk_end = gl.where(take, gl.sum(gl.where(offs == found, starts, 0), 0), walk_end)
             walk_group = gl.where(take, found, walk_group)
         real_tiles += gl.sum(tiles, 0)
-        if SKIP_IDLE_TILES or RUN_ON != 0:
+        if SKIP_IDLE_TILES or RUN_ON != 0 or CLASSIFY:
             live_segments += gl.sum((ends > starts).to(gl.int32), 0)
         if RUN_ON != 0:
             tiles_64 += gl.sum((gl.maximum(ends - starts, 0) + 63) // 64, 0)
+        if RUN_ON != 0 or CLASSIFY:
             tiles_128 += gl.sum((gl.maximum(ends - starts, 0) + 127) // 128, 0)
     live_end = gl.minimum(gl.maximum(gl.load(cu_seqlens_ptr + G - 1), 0), NUM_ROWS)
+    long_segments = 0
+    if CLASSIFY:
+        # Long segments: more than 1.25 row tiles of 128 per live segment on average (decode's
+        # segments of a few rows, padded or not, hold one tile each, a hot expert's a few more).
+        long_segments = (4 * tiles_128 > 5 * live_segments).to(gl.int32)
     if RUN_ON != 0:
         # One of a GEMM's two launches (the config's ``on_multi_tile``): it takes the whole GEMM,
         # tail included, where the layout is its kind, else no item and no tail row. RUN_ON 1: live
@@ -136,7 +149,7 @@ def _totals(cu_seqlens_ptr, G, NUM_ROWS, key, scale, BLOCK_M: gl.constexpr, BLOC
         walk_group = gl.where(walk_group == G, 0, walk_group) - 1
     else:
         walk_group = -1
-    return real_tiles, live_segments, live_end, walk_group, walk_tiles, walk_end
+    return real_tiles, live_segments, live_end, walk_group, walk_tiles, walk_end, long_segments
 
 
 @gluon.jit

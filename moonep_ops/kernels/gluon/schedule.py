@@ -123,10 +123,11 @@ def rows_idle(row_weights_ptr, lo, end, NUM_ROWS, ROWS: gl.constexpr, BY_WEIGHT:
 def idle_half(ON: gl.constexpr, features, problem, row_lo, start, end, BLOCK_M: gl.constexpr, WARPS: gl.constexpr):
     """Whether the item's tile takes the idle-upper-half path (``ON``: the kernel has it): it is
     its segment's last (only such a tile can hold idle rows; with ``SKIP_LONE_ONLY`` its segment's
-    only one) and its upper half is idle."""
+    only one), the launch skips halves on this layout (``problem.skip_halves``) and its upper half
+    is idle."""
     idle = False
     if ON:
-        candidate = row_lo + BLOCK_M >= end
+        candidate = (row_lo + BLOCK_M >= end) & (problem.skip_halves != 0)
         if features.SKIP_LONE_ONLY:
             candidate = candidate & (row_lo == start)
         if candidate:
