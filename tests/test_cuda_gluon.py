@@ -309,18 +309,20 @@ def test_public_ops_on_moonep_padding_with_zero_weights():
     """The public ops on MoonEP layouts whose padding rows are zero with weight 0 (as dispatch
     writes them), where the config table skips idle upper halves: ``moonep_experts`` whose down
     GEMM (K = 2048, N = 4096, NvS < 32768; a split epilogue at NvS 16384) skips by the route
-    weights (and at NvS 13312 its fused GEMM too, with the row-tile handoff), and the fused op at
+    weights (and from NvS 8192 its fused GEMM too, whose scan finds these segments of about one row
+    tile each; at NvS 13312 with the row-tile handoff), and the fused op at
     NvS >= 40960 (H < 4096), whose experts op's down GEMM skips as well. float64 references, zero
     tails, zero padding rows."""
-    # NvS 940; NvS 13312, where the fused GEMM skips too (and hands its row tiles to the down GEMM);
-    # NvS 16384, where the down GEMM also has a split epilogue (four stages)
+    # NvS 1068; NvS 13312, where the fused GEMM skips too (and hands its row tiles to the down GEMM);
+    # NvS 16384, where the down GEMM also has a split epilogue (four stages). Five live segments in
+    # six row tiles of 128: short enough for the long fused GEMM's gated skip (at most 1.25 tiles each).
     for extra_tail, split in ((300, False), (13312 - 768, False), (16384 - 768, True)):
-        layout = _padded("padded_rw0", (100, 0, 130, 250, 65), 128, extra_tail=extra_tail, k=4096, n=2048)
+        layout = _padded("padded_rw0", (100, 0, 130, 50, 65, 20), 128, extra_tail=extra_tail, k=4096, n=2048)
         cfg = gluon_gemm_config(layout.k, layout.n, layout.nvs, fused=False)
         assert cfg.skip_idle_half and (cfg.epilogue_n == 128) == split
         fused_cfg = gluon_gemm_config(layout.n, layout.k, layout.nvs, fused=True)
-        every_last_tile = fused_cfg.skip_idle_half and not fused_cfg.skip_lone_tiles_only
-        assert every_last_tile == fused_cfg.handoff == (layout.nvs == 13312)
+        gated_skip = fused_cfg.skip_idle_half and not fused_cfg.skip_on_long_segments
+        assert gated_skip == (layout.nvs >= 8192) and fused_cfg.handoff == (layout.nvs == 13312)
         _assert_experts_match(layout, *_padding_weighted_inputs(layout))
 
     layout = _padded("wide_fused_rw0", (3000, 0, 100, 7), 128, extra_tail=40960 - 3328, k=256, n=320)
