@@ -229,31 +229,41 @@ def _idle_problem(lone_only, k=256, n=384, tail=50, segments=IDLE_SEGMENTS):
     return layout, rw.cuda(), skipped.cuda()
 
 
+def _idle_inputs(layout, rw):
+    """The experts op's inputs for ``layout``, garbage (NaN) in ``x``'s rows whose weight is 0."""
+    x, w_gate, w_up, _, cu, _ = experts_inputs(layout, torch.bfloat16, "cuda")
+    return x.masked_fill((rw == 0)[:, None], float("nan")), w_gate, w_up, cu
+
+
+def _idle_launch(fused, layout, x, w_gate, w_up, cu, rw, **cfg):
+    """The fused (with route weights ``rw``) or plain (``rw`` marking idle rows) GEMM of ``cfg`` into a
+    NaN-poisoned output, its live rows checked against the float64 reference and its tail zero."""
+    from moonep_ops.kernels.gluon import host
+
+    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    clean = x.masked_fill((rw == 0)[:, None], 0.0)
+    if fused:
+        host.launch(x, w_gate, cu, out, 132, w_up=w_up, route_weights=rw, **cfg)
+        ref = grouped_gemm_silu_mul_ref(clean, w_gate, w_up, rw, cu)
+    else:
+        host.launch(x, w_gate, cu, out, 132, idle_weights=rw, **cfg)
+        ref = grouped_gemm_ref(clean, w_gate, cu)
+    torch.cuda.synchronize()
+    live = (rw != 0) & ~torch.isnan(rw)
+    assert rel_err(out[live], ref[live.cpu()]) <= TOLERANCE[torch.bfloat16]
+    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+    return out
+
+
 @pytest.mark.parametrize("name", IDLE_CONFIGS)
 def test_idle_upper_halves_are_skipped_exactly_where_they_should(name):
     fused, cfg = IDLE_CONFIGS[name]
     layout, rw, skipped = _idle_problem(cfg.get("skip_lone_tiles_only", False))
     idle = (rw == 0)[:, None]
-    x, w_gate, w_up, _, cu, _ = experts_inputs(layout, torch.bfloat16, "cuda")
-    x = x.masked_fill(idle, float("nan"))  # garbage in the rows whose weight is 0
-    clean = x.masked_fill(idle, 0.0)
+    x, w_gate, w_up, cu = _idle_inputs(layout, rw)
     assert 0 < int(skipped.sum()) < int(idle.sum())  # some zero-weight rows skipped, some computed
-    outs = {}
-    for skip in (True, False):
-        out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        if fused:
-            _launch(x, w_gate, cu, out, w_up=w_up, rw=rw, zero_tail=True, skip_idle_half=skip, **cfg)
-            ref = grouped_gemm_silu_mul_ref(clean, w_gate, w_up, rw, cu)
-        else:
-            from moonep_ops.kernels.gluon import host
-
-            host.launch(x, w_gate, cu, out, 132, idle_weights=rw, skip_idle_half=skip, **cfg)
-            torch.cuda.synchronize()
-            ref = grouped_gemm_ref(clean, w_gate, cu)
-        live = (rw != 0) & ~torch.isnan(rw)
-        assert rel_err(out[live], ref[live.cpu()]) <= TOLERANCE[torch.bfloat16]
-        assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
-        outs[skip] = out
+    outs = {skip: _idle_launch(fused, layout, x, w_gate, w_up, cu, rw, **dict(cfg, skip_idle_half=skip))
+            for skip in (True, False)}
     computed = idle[:, 0] & ~skipped
     computed[layout.total:] = False
     assert torch.equal(outs[True][skipped], torch.zeros_like(outs[True][skipped])), "a skipped row was not zero"
@@ -275,26 +285,13 @@ GATE_LAYOUTS = {"mixed": (IDLE_SEGMENTS, False), "single_tiles": (IDLE_SEGMENTS[
 @pytest.mark.parametrize("layout_name", GATE_LAYOUTS)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
 def test_idle_halves_are_skipped_only_where_segments_are_short_when_gated(layout_name, fused):
-    from moonep_ops.kernels.gluon import host
-
     segments, long_segments = GATE_LAYOUTS[layout_name]
     layout, rw, skipped = _idle_problem(lone_only=False, segments=segments)
     idle = (rw == 0)[:, None]
-    x, w_gate, w_up, _, cu, _ = experts_inputs(layout, torch.bfloat16, "cuda")
-    x = x.masked_fill(idle, float("nan"))  # garbage in the rows whose weight is 0: a computed one shows
+    x, w_gate, w_up, cu = _idle_inputs(layout, rw)
     cfg = dict(FUSED["coop_n128_s4"] if fused else PLAIN["coop_n128_s6"], skip_idle_half=True,
                skip_on_long_segments=False)
-    out = torch.full((layout.nvs, layout.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    if fused:
-        host.launch(x, w_gate, cu, out, 132, w_up=w_up, route_weights=rw, **cfg)
-        ref = grouped_gemm_silu_mul_ref(x.masked_fill(idle, 0.0), w_gate, w_up, rw, cu)
-    else:
-        host.launch(x, w_gate, cu, out, 132, idle_weights=rw, **cfg)
-        ref = grouped_gemm_ref(x.masked_fill(idle, 0.0), w_gate, cu)
-    torch.cuda.synchronize()
-    live = (rw != 0) & ~torch.isnan(rw)
-    assert rel_err(out[live], ref[live.cpu()]) <= TOLERANCE[torch.bfloat16]
-    assert torch.equal(out[layout.total:], torch.zeros_like(out[layout.total:]))
+    out = _idle_launch(fused, layout, x, w_gate, w_up, cu, rw, **cfg)
     assert 0 < int(skipped.sum())
     computed = idle[:, 0] & ~skipped
     computed[layout.total:] = False
