@@ -65,9 +65,8 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                      SKIP_IDLE_HALF and not SKIP_ON_LONG_SEGMENTS, not HANDOFF,
                      num_warps)
     real_tiles, live_segments, live_end, walk_group, walk_tiles, walk_end, long_segments = totals
-    skip_halves = 1  # (a constant where the idle-half skip does not depend on the layout)
-    if SKIP_IDLE_HALF and not SKIP_ON_LONG_SEGMENTS:
-        skip_halves = 1 - long_segments
+    # (A constant 1 where the idle-half skip does not depend on the layout: long_segments is then 0.)
+    skip_halves = 1 - long_segments
     spread = 0  # (a constant where the programs never swap items)
     if SKIP_IDLE_TILES:
         spread = _spread(real_tiles, live_segments)
