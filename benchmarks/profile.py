@@ -25,8 +25,9 @@ it, e.g. ``--case "qwen3-30b-a3b K8 G1000 epn996 S16 z1.5 p1 s0"``; its own padd
 ``--kernel-times`` needs no outside profiler: it captures ``--calls`` calls in a CUDA graph, replays
 it 200 times, then records a few replays with ``torch.profiler`` and prints each of a call's kernels'
 median time and the median gaps between them (negative: the next kernel started before this one
-ended, as a PDL dependent does), in µs. The board is not settled first, so the figures are for
-comparing the kernels of one call (where its time goes), not for the tables::
+ended, as a PDL dependent does, whose time then also holds its wait for the kernel before it:
+``MOONEP_OPS_PDL=0`` gives each kernel's own time), in µs. The board is not settled first, so the
+figures are for comparing the kernels of one call (where its time goes), not for the tables::
 
     python -m benchmarks.profile --shape 3 --path fp8 --kernel-times
 
