@@ -371,9 +371,6 @@ GLUON_CANDIDATES = [
     (False, dict(pingpong=False, block_n=256, stages=4, epilogue_n=128, tail_by_producer=False)),
     (False, dict(stages=6, epilogue_n=64, skip_idle_half=True)),
     (True, dict(pingpong=False, stages=4, epilogue_n=64, skip_idle_half=True)),
-    # idle upper halves whose whole `a` box is still loaded (half_loads off), ping-pong and cooperative
-    (True, dict(pingpong=False, stages=4, skip_idle_half=True, half_loads=False)),
-    (False, dict(stages=5, skip_idle_half=True, half_loads=False)),
     # idle upper halves of segments' only row tiles alone
     (True, dict(block_n=64, stages=6, skip_idle_half=True, skip_lone_tiles_only=True)),
     (False, dict(pingpong=False, stages=6, skip_idle_half=True, skip_lone_tiles_only=True)),

@@ -196,11 +196,6 @@ IDLE_CONFIGS = {"plain_pingpong": (False, PLAIN["pingpong_n128_s5"]), "plain_coo
                 "plain_pingpong_split": (False, PLAIN["pingpong_n128_s6_split"]),
                 "fused_coop_split": (True, FUSED["coop_n128_s4_split"]),
                 "fused_pingpong": (True, FUSED["pingpong_n64_s6"]), "fused_coop": (True, FUSED["coop_n128_s4"]),
-                # the skip with the whole `a` box still loaded (half_loads=False; by default the
-                # producer loads only the lower half of an idle tile's rows)
-                "plain_coop_full_loads": (False, dict(PLAIN["coop_n128_s6"], half_loads=False)),
-                "plain_pingpong_full_loads": (False, dict(PLAIN["pingpong_n128_s5"], half_loads=False)),
-                "fused_coop_full_loads": (True, dict(FUSED["coop_n128_s4"], half_loads=False)),
                 # only segments' only row tiles (the 256-row segment's idle half is computed)
                 "fused_pingpong_lone": (True, dict(FUSED["pingpong_n64_s6"], skip_lone_tiles_only=True)),
                 "fused_coop_lone": (True, dict(FUSED["coop_n128_s4"], skip_lone_tiles_only=True)),

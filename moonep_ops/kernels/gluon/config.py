@@ -7,6 +7,11 @@ measurements.
 
 import dataclasses
 
+# Registers per thread of the warp-specialized partitions (setmaxnreg): the producer warp issues
+# TMA loads and needs few; a consumer warpgroup holds up to two fp32 accumulators and a product.
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+
 
 @dataclasses.dataclass(frozen=True)
 class GluonConfig:
@@ -16,17 +21,14 @@ class GluonConfig:
     group_major: bool = True  # items segment by segment: the row tiles sharing a weight tile run together
     block_m: int = 128
     block_k: int = 64
-    producer_regs: int = 40
-    consumer_regs: int = 232
     tail_by_producer: bool = True  # the producer warp zeroes the tail, spread over its loads
     # a segment's last row tile whose upper 64 rows are idle (past the end, or route weight 0:
-    # MoonEP's padding) runs its MMAs on the lower half only and stores zeros above
+    # MoonEP's padding) runs its MMAs on the lower half only and stores zeros above; its producer
+    # loads only the lower half of its `a` rows
     skip_idle_half: bool = False
     # with skip_idle_half: only where the tile is its segment's only row tile. No other row tile
     # reads its weight tiles, so finishing early puts no program that shares them out of step
     skip_lone_tiles_only: bool = False
-    # with skip_idle_half: such a tile's producer loads only the lower half of its `a` rows
-    half_loads: bool = True
     # with skip_idle_half: also where the kernel's scan of cu_seqlens finds live segments of more
     # than 1.25 row tiles of 128 on average; False: there the launch skips no half (it skips on
     # decode-like layouts only: segments of one row tile, a hot expert's few more)

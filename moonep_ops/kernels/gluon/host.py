@@ -17,7 +17,7 @@ from ...fp8 import BLOCK, is_block_major, weight_dims
 from .. import launch as direct
 from ..pdl import PdlRole
 from ..triton.grouped_gemm import num_row_tiles, persistent_programs
-from .config import GluonConfig
+from .config import CONSUMER_REGS, PRODUCER_REGS, GluonConfig
 from .kernel import gluon_grouped_gemm_kernel
 
 # Rows per TMA store of the producer's zero buffer (the tail's zeros): small, because the ring
@@ -57,11 +57,6 @@ def handoff_state(num_rows: int, num_groups: int, block_m: int, device) -> torch
     return torch.zeros(1 + num_row_tiles(num_rows, num_groups, block_m), dtype=torch.int32, device=device)
 
 
-def half_loads(cfg: GluonConfig) -> bool:
-    """Whether the producer loads only the lower half of ``a`` for a tile whose upper half is idle."""
-    return cfg.skip_idle_half and cfg.half_loads
-
-
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
 
@@ -70,7 +65,8 @@ def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
     ``[G*N, K]`` matrix; ``out [NvS, N]`` by output tile (half its columns for a split epilogue, half
     its rows for split rows);
     ``out`` again (or ``tail_out``) by ``ZERO_ROWS x epilogue`` chunk for the tail's zeros; and
-    ``a`` by half a row tile where the config loads idle tiles' lower halves alone (else None)."""
+    ``a`` by half a row tile where the config skips idle upper halves (the producer loads their
+    lower halves alone; else None)."""
     zeroed = out if tail_out is None else tail_out
     epi_n = cfg.epilogue_n or cfg.block_n
     a_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], _GL_DTYPES[a.dtype])
@@ -83,7 +79,7 @@ def descriptors(a, w, w_up, out, cfg: GluonConfig, tail_out=None) -> tuple:
             TensorDescriptor(out, list(out.shape), list(out.stride()), [epi_m, epi_n], o_layout),
             TensorDescriptor(zeroed, list(zeroed.shape), list(zeroed.stride()), [ZERO_ROWS, epi_n], z_layout),
             TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m // 2, cfg.block_k], a_layout)
-            if half_loads(cfg) else None)
+            if cfg.skip_idle_half else None)
 
 
 def _weight_descriptor(w, cfg: GluonConfig, layout) -> TensorDescriptor:
@@ -163,7 +159,7 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 BLOCK_G=max(16, min(1024, triton.next_power_of_2(g))), GROUP_MAJOR=cfg.group_major,
                 ZERO_TAIL=zero_tail or tail_out is not None, FUSED=w_up is not None,
                 HAS_WEIGHTS=route_weights is not None, PINGPONG=cfg.pingpong,
-                PRODUCER_REGS=cfg.producer_regs, CONSUMER_REGS=cfg.consumer_regs,
+                PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
                 TAIL_BY_PRODUCER=cfg.tail_by_producer or tail_out is not None,
                 LAUNCH_DEPENDENTS=role is PdlRole.PRIMARY, WAIT_PRIOR=role is PdlRole.DEPENDENT,
                 SKIP_IDLE_HALF=cfg.skip_idle_half,
