@@ -284,7 +284,8 @@ def test_idle_half_switches_reach_the_kernel(skip, lone, on_long):
     out, cu = torch.empty(256, 128, dtype=torch.bfloat16), torch.tensor([100, 256], dtype=torch.int32)
     cfg = configs.GluonConfig(skip_idle_half=skip, skip_lone_tiles_only=lone, skip_on_long_segments=on_long)
     args = host.kernel_args(a, w, None, None, cu, out, cfg, host.descriptors(a, w, w, out, cfg, None))
-    assert (args["SKIP_IDLE_HALF"], args["SKIP_LONE_ONLY"], args["HALF_LOADS"]) == (skip, lone, skip)
+    # (The producer loads the lower half alone through the half-tile descriptor: passed iff skipping.)
+    assert (args["SKIP_IDLE_HALF"], args["SKIP_LONE_ONLY"], args["a_half_desc"] is not None) == (skip, lone, skip)
     assert args["SKIP_ON_LONG_SEGMENTS"] == on_long
 
 

@@ -32,7 +32,7 @@ def _field(value):
 
 @aggregate
 class Descriptors:
-    """TMA descriptors: ``a`` by row tile and (``HALF_LOADS``) by half a row tile (else None),
+    """TMA descriptors: ``a`` by row tile and (``SKIP_IDLE_HALF``) by half a row tile (else None),
     ``w`` and ``w_up`` as ``[G * N, K]`` (block-major FP8 weights: ``[G*N*K/128, 128]``), the tensor
     whose tail the producer zeroes by chunk of ``ZERO_ROWS`` rows, ``out`` by epilogue block (the
     whole tile, half its columns for a split epilogue, or half its rows with ``SPLIT_ROWS``)."""
@@ -218,7 +218,6 @@ class Features:
     SKIP_BY_WEIGHT: gl.constexpr
     SKIP_LONE_ONLY: gl.constexpr
     SKIP_IDLE_TILES: gl.constexpr
-    HALF_LOADS: gl.constexpr
     WAIT_PRIOR: gl.constexpr
     SIGNAL_ROWS: gl.constexpr
     HANDOFF: gl.constexpr
@@ -228,8 +227,8 @@ class Features:
 
     @constexpr_function
     def __init__(self, FP8, FUSED, HAS_WEIGHTS, CONSUMER_TAIL, PRODUCER_TAIL, SKIP_IDLE_HALF, SKIP_BY_WEIGHT,
-                 SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS,
-                 BLOCK_MAJOR, SKIP_EMPTY_RUNS):
+                 SKIP_LONE_ONLY, SKIP_IDLE_TILES, WAIT_PRIOR, SIGNAL_ROWS, HANDOFF, MAX_POLLS, BLOCK_MAJOR,
+                 SKIP_EMPTY_RUNS):
         self.FP8 = _field(FP8)
         self.FUSED = _field(FUSED)
         self.HAS_WEIGHTS = _field(HAS_WEIGHTS)
@@ -239,7 +238,6 @@ class Features:
         self.SKIP_BY_WEIGHT = _field(SKIP_BY_WEIGHT)
         self.SKIP_LONE_ONLY = _field(SKIP_LONE_ONLY)
         self.SKIP_IDLE_TILES = _field(SKIP_IDLE_TILES)
-        self.HALF_LOADS = _field(HALF_LOADS)
         self.WAIT_PRIOR = _field(WAIT_PRIOR)
         self.SIGNAL_ROWS = _field(SIGNAL_ROWS)
         self.HANDOFF = _field(HANDOFF)

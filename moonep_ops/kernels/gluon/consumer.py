@@ -176,7 +176,7 @@ def _compute_tile(smem, out_buf, descs, problem, scales, tiling, features, pendi
     BLOCK_M: gl.constexpr = tiling.BLOCK_M
     if features.FP8 and tiling.SPLIT_ROWS:
         # This consumer's half of the rows; the upper consumer skips an idle upper half (its
-        # producer loaded the lower half alone: HALF_LOADS).
+        # producer loaded the lower half alone).
         HALF: gl.constexpr = BLOCK_M // 2
         tile_fp8(smem, out_buf, descs, problem, scales, tiling, features, group, row_lo + PARITY * HALF, col0, end,
                  ring_pos, k_steps, idle_upper & (PARITY == 1), PARITY * HALF, HALF, PARITY, WARPS)

@@ -167,7 +167,7 @@ def kernel_args(a, w, w_up, route_weights, cu_seqlens, out, cfg: GluonConfig, de
                 SKIP_LONE_ONLY=cfg.skip_lone_tiles_only,
                 SIGNAL_ROWS=handoff is not None and role is PdlRole.PRIMARY,
                 HANDOFF=handoff is not None and role is PdlRole.DEPENDENT,
-                MAX_POLLS=MAX_POLLS, HALF_LOADS=descs[5] is not None, FP8=scales is not None,
+                MAX_POLLS=MAX_POLLS, FP8=scales is not None,
                 SPLIT_RING=cfg.split_ring, SKIP_IDLE_TILES=cfg.skip_idle_tiles, SPLIT_ROWS=cfg.split_rows,
                 BLOCK_MAJOR=is_block_major(w), SKIP_EMPTY_RUNS=cfg.skip_empty_runs,
                 RUN_ON={None: 0, True: 1, False: 2}[cfg.on_multi_tile],

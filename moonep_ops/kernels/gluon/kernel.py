@@ -38,7 +38,7 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
                               TAIL_BY_PRODUCER: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
                               WAIT_PRIOR: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr, SKIP_BY_WEIGHT: gl.constexpr,
                               SKIP_LONE_ONLY: gl.constexpr, SIGNAL_ROWS: gl.constexpr, HANDOFF: gl.constexpr,
-                              MAX_POLLS: gl.constexpr, HALF_LOADS: gl.constexpr, FP8: gl.constexpr,
+                              MAX_POLLS: gl.constexpr, FP8: gl.constexpr,
                               SPLIT_RING: gl.constexpr, SKIP_IDLE_TILES: gl.constexpr, SPLIT_ROWS: gl.constexpr,
                               BLOCK_MAJOR: gl.constexpr, SKIP_EMPTY_RUNS: gl.constexpr, RUN_ON: gl.constexpr,
                               SKIP_ON_LONG_SEGMENTS: gl.constexpr,
@@ -81,8 +81,8 @@ def gluon_grouped_gemm_kernel(a_desc, w_desc, w_up_desc, out_desc, zero_desc, a_
     scales = Scales(a_scale_ptr, w_scale_ptr, w_up_scale_ptr, out_scale_ptr, stride_asm, stride_wsg, stride_wsn,
                     stride_usg, stride_usn, stride_osm)
     features = Features(FP8, FUSED, HAS_WEIGHTS, ZERO_TAIL and not TAIL_BY_PRODUCER, ZERO_TAIL and TAIL_BY_PRODUCER,
-                        SKIP_IDLE_HALF, SKIP_BY_WEIGHT, SKIP_LONE_ONLY, SKIP_IDLE_TILES, HALF_LOADS, WAIT_PRIOR,
-                        SIGNAL_ROWS, HANDOFF, MAX_POLLS, BLOCK_MAJOR, SKIP_EMPTY_RUNS)
+                        SKIP_IDLE_HALF, SKIP_BY_WEIGHT, SKIP_LONE_ONLY, SKIP_IDLE_TILES, WAIT_PRIOR, SIGNAL_ROWS,
+                        HANDOFF, MAX_POLLS, BLOCK_MAJOR, SKIP_EMPTY_RUNS)
     # (With SPLIT_RING a partition's ring holds half the stages.)
     tiling = Tiling(BLOCK_M, BLOCK_N, BLOCK_K, STAGES // 2 if SPLIT_RING else STAGES, 2 if PINGPONG else 1,
                     GROUP_MAJOR, SPLIT_RING, SPLIT_ROWS)

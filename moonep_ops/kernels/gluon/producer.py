@@ -20,7 +20,7 @@ Besides the loads:
   first stage; after the last item, each consumer gets an item's worth of empty stages marked -1.
   The grid-wide wait still runs at the end, so that this grid finishes only after the fused one
   (a later kernel ordered after this one needs that).
-- Half loads (``HALF_LOADS``): the producer makes the consumers' idle-upper-half check itself and
+- Half loads (``SKIP_IDLE_HALF``): the producer makes the consumers' idle-upper-half check itself and
   loads only the lower half of ``a`` for such a tile: its MMAs never read the upper half, so the
   idle rows cost no bytes either.
 """
@@ -59,12 +59,12 @@ def _load_weights(descs, smem, problem, features, stage, w_row, k0):
 
 
 @gluon.jit
-def _expect_stage(bar, descs, half, FUSED: gl.constexpr, HALF_LOADS: gl.constexpr):
-    """``bar`` expects a stage's loads: ``a``'s box (with ``HALF_LOADS``, its lower half alone where
+def _expect_stage(bar, descs, half, FUSED: gl.constexpr, SKIP_IDLE_HALF: gl.constexpr):
+    """``bar`` expects a stage's loads: ``a``'s box (with ``SKIP_IDLE_HALF``, its lower half alone where
     ``half``), the weights' (the byte count must be a constant: one expect per case)."""
     w_bytes: gl.constexpr = descs.w.block_type.nbytes * (2 if FUSED else 1)
     full: gl.constexpr = descs.a.block_type.nbytes + w_bytes
-    if HALF_LOADS:
+    if SKIP_IDLE_HALF:
         lower: gl.constexpr = descs.a_half.block_type.nbytes + w_bytes
         if half:
             mbarrier.expect(bar, lower)
@@ -88,7 +88,7 @@ def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half
                zero_done, zero_mine, stages_mine):
     """One item's loads into the ring from position ``ring_pos`` (the first ``prefetched``
     positions already hold their weight loads), with this program's share of tail chunks spread
-    over them. With ``HANDOFF`` the item's id goes with its first stage. ``half`` (``HALF_LOADS``):
+    over them. With ``HANDOFF`` the item's id goes with its first stage. ``half`` (``SKIP_IDLE_HALF``):
     the tile's upper half is idle, so only the lower half of its ``a`` rows is loaded (the
     ``a_half`` box), the rows its MMAs read. Returns the ring position and the chunks done."""
     pid, num_progs = programs()
@@ -101,9 +101,9 @@ def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half
             if features.HANDOFF:
                 if k_step == 0:
                     _publish_item(smem.item_ids, stage, item)
-            _expect_stage(smem.ready.index(stage), descs, half, features.FUSED, features.HALF_LOADS)
+            _expect_stage(smem.ready.index(stage), descs, half, features.FUSED, features.SKIP_IDLE_HALF)
             _load_weights(descs, smem, problem, features, stage, w_row, k_step * tiling.BLOCK_K)
-        if features.HALF_LOADS:
+        if features.SKIP_IDLE_HALF:
             if half:
                 HALF_M: gl.constexpr = descs.a_half.block_type.shape[0]
                 tma.async_copy_global_to_shared(descs.a_half, [row_lo, k_step * tiling.BLOCK_K],
@@ -136,13 +136,13 @@ def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps,
     if first < problem.real_items:
         group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
             problem, tiling, features, first, group, tiles_before, tiles_through, start, end, 1)
-        half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, tiling.BLOCK_M, 1)
+        half = idle_half(features.SKIP_IDLE_HALF, features, problem, row_lo, start, end, tiling.BLOCK_M, 1)
         prefetched = gl.minimum(k_steps, tiling.STAGES)
         if features.SKIP_IDLE_TILES:
             if idle_tile(features, problem, row_lo, end, tiling.BLOCK_M, 1):
                 prefetched = 0  # a skipped item: the next one starts the ring
         for k_step in range(prefetched):
-            _expect_stage(smem.ready.index(k_step), descs, half, features.FUSED, features.HALF_LOADS)
+            _expect_stage(smem.ready.index(k_step), descs, half, features.FUSED, features.SKIP_IDLE_HALF)
             _load_weights(descs, smem, problem, features, k_step, group * problem.N + col_tile * tiling.BLOCK_N,
                           k_step * tiling.BLOCK_K)
     return group, tiles_before, tiles_through, start, end, prefetched
@@ -194,7 +194,7 @@ def _load_static_item(descs, smem, problem, tiling, features, item, group, tiles
     if skip:
         pass
     else:
-        half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, BLOCK_M, 1)
+        half = idle_half(features.SKIP_IDLE_HALF, features, problem, row_lo, start, end, BLOCK_M, 1)
         ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
                                          group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos, prefetched,
                                          k_steps, zero_done, zero_mine, stages_mine)
@@ -246,7 +246,7 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
             grid_waited = wait_row_tile(
                 problem.handoff_ptr + 1 + row_tile(item, problem.col_tiles, tiles_before, tiles_through, GROUP_MAJOR),
                 problem.FLAG_TARGET, grid_waited, features.MAX_POLLS)
-            half = idle_half(features.HALF_LOADS, features, problem, row_lo, start, end, BLOCK_M, 1)
+            half = idle_half(features.SKIP_IDLE_HALF, features, problem, row_lo, start, end, BLOCK_M, 1)
             ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
                                              group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,
                                              prefetched, k_steps, zero_done, zero_mine, stages_mine)
