@@ -232,12 +232,62 @@ def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, 
 
 
 @gluon.jit
+def _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, segment, k_steps, PARITY: gl.constexpr,
+                   WARPS: gl.constexpr):
+    """``HANDOFF``: the items whose ids come with their first stage, this consumer's every
+    ``CONSUMERS``-th ring position, until the end marker (-1), whose stages it releases like an
+    item's. Returns the segment cursor and the row tile not yet signalled."""
+    STAGES: gl.constexpr = tiling.STAGES
+    CONSUMERS: gl.constexpr = tiling.CONSUMERS
+    pending = -1
+    item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    i = PARITY
+    item = 0
+    while item >= 0:
+        if CONSUMERS == 2:
+            mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
+        ring_pos = i * k_steps
+        mbarrier.wait(smem.ready.index(ring_pos % STAGES), (ring_pos // STAGES) & 1)
+        item = gl.max(smem.item_ids.index(ring_pos % STAGES).load(item_layout), 0)
+        if item >= 0:
+            segment, pending, _ = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending,
+                                            segment, item, i, i, k_steps, False, PARITY, WARPS)
+            i += CONSUMERS
+        else:
+            for k_step in range(k_steps):  # the end marker's stages, released like an item's
+                mbarrier.wait(smem.ready.index((ring_pos + k_step) % STAGES),
+                              ((ring_pos + k_step) // STAGES) & 1)
+                mbarrier.arrive(smem.empty.index((ring_pos + k_step) % STAGES), count=1)
+            if CONSUMERS == 2:
+                mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
+    return segment, pending
+
+
+@gluon.jit
+def _zero_tail_items(descs, problem, tiling, PARITY: gl.constexpr, WARPS: gl.constexpr):
+    """``CONSUMER_TAIL``: this consumer's tail items (rows ``[cu[-1], NvS)`` get zeros), numbered
+    after the real ones on the same stride; masked stores, waited for by the caller."""
+    pid, num_progs = programs()
+    CONSUMERS: gl.constexpr = tiling.CONSUMERS
+    BLOCK_M: gl.constexpr = tiling.BLOCK_M
+    BLOCK_N: gl.constexpr = tiling.BLOCK_N
+    zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
+    zeros = gl.zeros([BLOCK_M, BLOCK_N], descs.out.dtype, zero_layout)
+    first = (pid - problem.real_items % num_progs + num_progs) % num_progs
+    for j in range(first + PARITY * num_progs, problem.tail_items, CONSUMERS * num_progs):
+        rows = problem.live_end + (j // problem.col_tiles) * BLOCK_M + gl.arange(
+            0, BLOCK_M, layout=gl.SliceLayout(1, zero_layout))
+        cols = (j % problem.col_tiles) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zero_layout))
+        store_rows(problem.out_ptr, zeros, rows, cols, problem.NUM_ROWS, problem.N,
+                   problem.stride_om)  # rows >= live_end >= 0
+
+
+@gluon.jit
 def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ``PARITY`` of ``CONSUMERS`` (``WARPS`` warps: one warpgroup in ping-pong, two in the
     cooperative scheme): the program's local items ``i = PARITY (mod CONSUMERS)`` (``SPLIT_ROWS``:
     every item, on its half of the rows; ``SPLIT_RING``: its ring's, :func:`.schedule.ring_item`),
     the last row-tile signal, its share of the tail's zeros."""
-    STAGES: gl.constexpr = tiling.STAGES
     CONSUMERS: gl.constexpr = tiling.CONSUMERS
     out_buf = smem.out_bufs.index(PARITY)
     pid, num_progs = programs()
@@ -248,26 +298,8 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
         segment = (problem.walk_group, problem.walk_tiles, problem.walk_tiles, 0, problem.walk_end)
     pending = -1  # SIGNAL_ROWS: the row tile of this consumer's last stored item, not yet signalled
     if features.HANDOFF:
-        item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-        i = PARITY
-        item = 0
-        while item >= 0:
-            if CONSUMERS == 2:
-                mbarrier.wait(smem.turn.index(PARITY), ((i // 2) & 1) ^ (1 - PARITY))
-            ring_pos = i * k_steps
-            mbarrier.wait(smem.ready.index(ring_pos % STAGES), (ring_pos // STAGES) & 1)
-            item = gl.max(smem.item_ids.index(ring_pos % STAGES).load(item_layout), 0)
-            if item >= 0:
-                segment, pending, _ = _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending,
-                                                segment, item, i, i, k_steps, False, PARITY, WARPS)
-                i += CONSUMERS
-            else:
-                for k_step in range(k_steps):  # the end marker's stages, released like an item's
-                    mbarrier.wait(smem.ready.index((ring_pos + k_step) % STAGES),
-                                  ((ring_pos + k_step) // STAGES) & 1)
-                    mbarrier.arrive(smem.empty.index((ring_pos + k_step) % STAGES), count=1)
-                if CONSUMERS == 2:
-                    mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
+        segment, pending = _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, segment, k_steps,
+                                          PARITY, WARPS)
     elif tiling.SPLIT_ROWS:  # every item of the program, on this consumer's half of the rows
         n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
         for i in range(0, n_local):
@@ -299,16 +331,5 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
             signal_row_tile(problem.handoff_ptr + 1 + pending)
 
     if features.CONSUMER_TAIL:
-        # Tail items (rows [cu[-1], NvS) get zeros), numbered after the real ones on the same stride.
-        BLOCK_M: gl.constexpr = tiling.BLOCK_M
-        BLOCK_N: gl.constexpr = tiling.BLOCK_N
-        zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
-        zeros = gl.zeros([BLOCK_M, BLOCK_N], descs.out.dtype, zero_layout)
-        first = (pid - problem.real_items % num_progs + num_progs) % num_progs
-        for j in range(first + PARITY * num_progs, problem.tail_items, CONSUMERS * num_progs):
-            rows = problem.live_end + (j // problem.col_tiles) * BLOCK_M + gl.arange(
-                0, BLOCK_M, layout=gl.SliceLayout(1, zero_layout))
-            cols = (j % problem.col_tiles) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, zero_layout))
-            store_rows(problem.out_ptr, zeros, rows, cols, problem.NUM_ROWS, problem.N,
-                       problem.stride_om)  # rows >= live_end >= 0
+        _zero_tail_items(descs, problem, tiling, PARITY, WARPS)
     tma.store_wait(0)

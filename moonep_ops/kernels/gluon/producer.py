@@ -126,16 +126,16 @@ def _load_item(descs, smem, problem, tiling, features, item, row_lo, w_row, half
 
 
 @gluon.jit
-def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps, group, tiles_before, tiles_through,
-                         start, end):
+def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps, segment):
     """PDL (``WAIT_PRIOR``): the weight loads of the program's first item, issued before the wait
     for the prior kernel (its idle check too: the row weights are this call's input). Takes the
     segment cursor at its start; returns it after locating the item, and the stages whose weight
     loads are issued."""
     prefetched = 0
     if first < problem.real_items:
-        group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-            problem, tiling, features, first, group, tiles_before, tiles_through, start, end, 1)
+        group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(problem, tiling, features, first,
+                                                                                     *segment, 1)
+        segment = (group, tiles_before, tiles_through, start, end)
         half = idle_half(features.SKIP_IDLE_HALF, features, problem, row_lo, start, end, tiling.BLOCK_M, 1)
         prefetched = gl.minimum(k_steps, tiling.STAGES)
         if features.SKIP_IDLE_TILES:
@@ -145,7 +145,7 @@ def _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps,
             _expect_stage(smem.ready.index(k_step), descs, half, features.FUSED, features.SKIP_IDLE_HALF)
             _load_weights(descs, smem, problem, features, k_step, group * problem.N + col_tile * tiling.BLOCK_N,
                           k_step * tiling.BLOCK_K)
-    return group, tiles_before, tiles_through, start, end, prefetched
+    return segment, prefetched
 
 
 @gluon.jit
@@ -180,14 +180,14 @@ def _end_markers(smem, tiling, ring_pos, k_steps):
 
 
 @gluon.jit
-def _load_static_item(descs, smem, problem, tiling, features, item, group, tiles_before, tiles_through, start, end,
-                      ring_pos, prefetched, k_steps, zero_done, zero_mine, stages_mine):
+def _load_static_item(descs, smem, problem, tiling, features, item, segment, ring_pos, prefetched, k_steps, zero_done,
+                      zero_mine, stages_mine):
     """Item ``item`` of the static schedule: move the segment cursor to it and issue its loads, or
     none for an idle tile (``SKIP_IDLE_TILES``: the consumer stores its zeros without the ring).
     Returns the cursor, the ring position and the tail chunks done."""
     BLOCK_M: gl.constexpr = tiling.BLOCK_M
-    group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-        problem, tiling, features, item, group, tiles_before, tiles_through, start, end, 1)
+    group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(problem, tiling, features, item,
+                                                                                 *segment, 1)
     skip = False
     if features.SKIP_IDLE_TILES:
         skip = idle_tile(features, problem, row_lo, end, BLOCK_M, 1)
@@ -198,15 +198,69 @@ def _load_static_item(descs, smem, problem, tiling, features, item, group, tiles
         ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
                                          group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos, prefetched,
                                          k_steps, zero_done, zero_mine, stages_mine)
-    return group, tiles_before, tiles_through, start, end, ring_pos, zero_done
+    return (group, tiles_before, tiles_through, start, end), ring_pos, zero_done
+
+
+@gluon.jit
+def _load_handoff_items(descs, smem, problem, tiling, features, k_steps, zero_mine, stages_mine):
+    """``HANDOFF``: the items the counter hands this program, each loaded once its row tile's flag
+    is set, then the end markers. Its walks start at the first segment, the cursor written here: a
+    constant passed in from the entry is a runtime value on Triton 3.6, and a partition's runtime
+    values go through shared memory. Returns the tail chunks done."""
+    group, tiles_before, tiles_through, start, end = -1, 0, 0, 0, 0
+    zero_done = 0
+    ring_pos = 0
+    grid_waited = 0
+    item = next_item(problem.handoff_ptr)
+    while item < problem.real_items:
+        group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
+            problem, tiling, features, item, group, tiles_before, tiles_through, start, end, 1)
+        grid_waited = wait_row_tile(
+            problem.handoff_ptr + 1 + row_tile(item, problem.col_tiles, tiles_before, tiles_through,
+                                               tiling.GROUP_MAJOR),
+            problem.FLAG_TARGET, grid_waited, features.MAX_POLLS)
+        half = idle_half(features.SKIP_IDLE_HALF, features, problem, row_lo, start, end, tiling.BLOCK_M, 1)
+        ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
+                                         group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos, 0, k_steps,
+                                         zero_done, zero_mine, stages_mine)
+        item = next_item(problem.handoff_ptr)
+    _end_markers(smem, tiling, ring_pos, k_steps)
+    return zero_done
+
+
+@gluon.jit
+def _load_static_items(descs, smem, problem, tiling, features, first, stride, segment, prefetched, k_steps, zero_mine,
+                       stages_mine, LANE: gl.constexpr):
+    """The static schedule's items from ``first``: with ``SPLIT_RING`` ring ``LANE``'s
+    (:func:`.schedule.ring_item`), else every ``stride``-th; the segment cursor and the ring start
+    where the entry's walk and the PDL prefetch (``prefetched`` stages) left them. Returns the
+    tail chunks done."""
+    pid, num_progs = programs()
+    zero_done = 0
+    ring_pos = 0
+    if tiling.SPLIT_RING:
+        j = 0
+        item = first
+        while item < problem.real_items:
+            segment, ring_pos, zero_done = _load_static_item(descs, smem, problem, tiling, features, item, segment,
+                                                             ring_pos, prefetched, k_steps, zero_done, zero_mine,
+                                                             stages_mine)
+            j += 1
+            item = program_item(pid, ring_item(j, problem.spread, LANE), num_progs, problem.spread)
+    else:
+        for item in range(first, problem.real_items, stride):
+            segment, ring_pos, zero_done = _load_static_item(descs, smem, problem, tiling, features, item, segment,
+                                                             ring_pos, prefetched, k_steps, zero_done, zero_mine,
+                                                             stages_mine)
+    return zero_done
 
 
 @gluon.jit
 def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
     """The producer partition: this program's items' loads, then the rest of its tail chunks.
     With ``SPLIT_RING``, producer ``LANE`` loads the items of consumer ``LANE`` (every other item
-    of the program or alternate pairs, :func:`.schedule.ring_item`) into its own ring, skipping idle tiles
-    (``SKIP_IDLE_TILES``), and producer 0 alone zeroes the tail."""
+    of the program or alternate pairs, :func:`.schedule.ring_item`) into its own ring, skipping
+    idle tiles (``SKIP_IDLE_TILES``), and producer 0 alone zeroes the tail."""
     pid, num_progs = programs()
     if tiling.SPLIT_RING:  # this ring's items (schedule.ring_item)
         first = program_item(pid, ring_item(0, problem.spread, LANE), num_progs, problem.spread)
@@ -216,56 +270,22 @@ def producer(descs, smem, problem, tiling, features, LANE: gl.constexpr):
         stride = num_progs
     PRODUCER_TAIL: gl.constexpr = features.PRODUCER_TAIL and LANE == 0
     k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
-    GROUP_MAJOR: gl.constexpr = tiling.GROUP_MAJOR
-    BLOCK_M: gl.constexpr = tiling.BLOCK_M
-    # The segment cursor (see schedule.walk). The handoff's walks start at the first segment, its
-    # cursor written here: a constant passed in from the entry is a runtime value on Triton 3.6, and
-    # a partition's runtime values go through shared memory.
-    if features.HANDOFF:
-        group, tiles_before, tiles_through, start, end = -1, 0, 0, 0, 0
-    else:
-        group, tiles_before, tiles_through, start, end = (problem.walk_group, problem.walk_tiles,
-                                                          problem.walk_tiles, 0, problem.walk_end)
     prefetched = 0  # stages whose weight loads were issued before the grid-wide wait
-    if features.WAIT_PRIOR and not features.HANDOFF:
-        group, tiles_before, tiles_through, start, end, prefetched = _prefetch_first_item(
-            descs, smem, problem, tiling, features, first, k_steps, group, tiles_before, tiles_through, start, end)
-        griddepcontrol_wait()
+    if not features.HANDOFF:
+        # The static schedule's segment cursor (see schedule.walk), from the entry's walk start.
+        segment = (problem.walk_group, problem.walk_tiles, problem.walk_tiles, 0, problem.walk_end)
+        if features.WAIT_PRIOR:
+            segment, prefetched = _prefetch_first_item(descs, smem, problem, tiling, features, first, k_steps, segment)
+            griddepcontrol_wait()
     zero_mine = 0
-    zero_done = 0
     stages_mine = 0
     if PRODUCER_TAIL:
         zero_mine, stages_mine = _tail_share(descs, smem, problem, first, stride, k_steps)
-    ring_pos = 0
     if features.HANDOFF:
-        grid_waited = 0
-        item = next_item(problem.handoff_ptr)
-        while item < problem.real_items:
-            group, tiles_before, tiles_through, start, end, row_lo, col_tile = find_item(
-                problem, tiling, features, item, group, tiles_before, tiles_through, start, end, 1)
-            grid_waited = wait_row_tile(
-                problem.handoff_ptr + 1 + row_tile(item, problem.col_tiles, tiles_before, tiles_through, GROUP_MAJOR),
-                problem.FLAG_TARGET, grid_waited, features.MAX_POLLS)
-            half = idle_half(features.SKIP_IDLE_HALF, features, problem, row_lo, start, end, BLOCK_M, 1)
-            ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
-                                             group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos,
-                                             prefetched, k_steps, zero_done, zero_mine, stages_mine)
-            item = next_item(problem.handoff_ptr)
-        _end_markers(smem, tiling, ring_pos, k_steps)
-    elif tiling.SPLIT_RING:
-        j = 0
-        item = first
-        while item < problem.real_items:
-            group, tiles_before, tiles_through, start, end, ring_pos, zero_done = _load_static_item(
-                descs, smem, problem, tiling, features, item, group, tiles_before, tiles_through, start, end, ring_pos,
-                prefetched, k_steps, zero_done, zero_mine, stages_mine)
-            j += 1
-            item = program_item(pid, ring_item(j, problem.spread, LANE), num_progs, problem.spread)
+        zero_done = _load_handoff_items(descs, smem, problem, tiling, features, k_steps, zero_mine, stages_mine)
     else:
-        for item in range(first, problem.real_items, stride):
-            group, tiles_before, tiles_through, start, end, ring_pos, zero_done = _load_static_item(
-                descs, smem, problem, tiling, features, item, group, tiles_before, tiles_through, start, end, ring_pos,
-                prefetched, k_steps, zero_done, zero_mine, stages_mine)
+        zero_done = _load_static_items(descs, smem, problem, tiling, features, first, stride, segment, prefetched,
+                                       k_steps, zero_mine, stages_mine, LANE)
     if PRODUCER_TAIL:
         while zero_done < zero_mine:  # all of it when this program has no real items
             _zero_chunk(descs.zero, smem.zero_buf, pid + zero_done * num_progs, problem.live_end,
