@@ -232,13 +232,16 @@ def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, 
 
 
 @gluon.jit
-def _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, segment, k_steps, PARITY: gl.constexpr,
+def _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, k_steps, PARITY: gl.constexpr,
                    WARPS: gl.constexpr):
     """``HANDOFF``: the items whose ids come with their first stage, this consumer's every
     ``CONSUMERS``-th ring position, until the end marker (-1), whose stages it releases like an
-    item's. Returns the segment cursor and the row tile not yet signalled."""
+    item's. Its walks start at the first segment, the cursor written here as in the producer
+    (:func:`.producer._load_handoff_items`). Returns the segment cursor and the row tile not yet
+    signalled."""
     STAGES: gl.constexpr = tiling.STAGES
     CONSUMERS: gl.constexpr = tiling.CONSUMERS
+    segment = (-1, 0, 0, 0, 0)
     pending = -1
     item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     i = PARITY
@@ -292,14 +295,12 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
     out_buf = smem.out_bufs.index(PARITY)
     pid, num_progs = programs()
     k_steps = gl.cdiv(problem.K, tiling.BLOCK_K)
-    if features.HANDOFF:  # the segment cursor (schedule.walk), written here as in the producer
-        segment = (-1, 0, 0, 0, 0)
-    else:
-        segment = (problem.walk_group, problem.walk_tiles, problem.walk_tiles, 0, problem.walk_end)
+    # the segment cursor (schedule.walk) of the static schedules
+    segment = (problem.walk_group, problem.walk_tiles, problem.walk_tiles, 0, problem.walk_end)
     pending = -1  # SIGNAL_ROWS: the row tile of this consumer's last stored item, not yet signalled
     if features.HANDOFF:
-        segment, pending = _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, segment, k_steps,
-                                          PARITY, WARPS)
+        segment, pending = _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, k_steps, PARITY,
+                                          WARPS)
     elif tiling.SPLIT_ROWS:  # every item of the program, on this consumer's half of the rows
         n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
         for i in range(0, n_local):
