@@ -237,8 +237,7 @@ def _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, k_st
     """``HANDOFF``: the items whose ids come with their first stage, this consumer's every
     ``CONSUMERS``-th ring position, until the end marker (-1), whose stages it releases like an
     item's. Its walks start at the first segment, the cursor written here as in the producer
-    (:func:`.producer._load_handoff_items`). Returns the segment cursor and the row tile not yet
-    signalled."""
+    (:func:`.producer._load_handoff_items`). Returns the row tile not yet signalled."""
     STAGES: gl.constexpr = tiling.STAGES
     CONSUMERS: gl.constexpr = tiling.CONSUMERS
     segment = (-1, 0, 0, 0, 0)
@@ -263,7 +262,7 @@ def _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, k_st
                 mbarrier.arrive(smem.empty.index((ring_pos + k_step) % STAGES), count=1)
             if CONSUMERS == 2:
                 mbarrier.arrive(smem.turn.index(1 - PARITY), count=1)
-    return segment, pending
+    return pending
 
 
 @gluon.jit
@@ -299,8 +298,7 @@ def consumer(smem, descs, problem, scales, tiling, features, PARITY: gl.constexp
     segment = (problem.walk_group, problem.walk_tiles, problem.walk_tiles, 0, problem.walk_end)
     pending = -1  # SIGNAL_ROWS: the row tile of this consumer's last stored item, not yet signalled
     if features.HANDOFF:
-        segment, pending = _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, k_steps, PARITY,
-                                          WARPS)
+        pending = _handoff_items(smem, out_buf, descs, problem, scales, tiling, features, k_steps, PARITY, WARPS)
     elif tiling.SPLIT_ROWS:  # every item of the program, on this consumer's half of the rows
         n_local = gl.cdiv(gl.maximum(problem.real_items - pid, 0), num_progs)
         for i in range(0, n_local):
