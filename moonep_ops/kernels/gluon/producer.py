@@ -191,9 +191,7 @@ def _load_static_item(descs, smem, problem, tiling, features, item, segment, rin
     skip = False
     if features.SKIP_IDLE_TILES:
         skip = idle_tile(features, problem, row_lo, end, BLOCK_M, 1)
-    if skip:
-        pass
-    else:
+    if not skip:
         half = idle_half(features.SKIP_IDLE_HALF, features, problem, row_lo, start, end, BLOCK_M, 1)
         ring_pos, zero_done = _load_item(descs, smem, problem, tiling, features, item, row_lo,
                                          group * problem.N + col_tile * tiling.BLOCK_N, half, ring_pos, prefetched,
