@@ -23,7 +23,7 @@ the wgmma register layout). A split epilogue (``out_desc``'s block half the tile
 the tile in two column halves through a half-size buffer, which leaves shared memory for another
 stage of the ring. An idle upper half (:mod:`.schedule`) runs the MMAs on the lower 64 rows, the
 warpgroups splitting the columns instead, and stores zeros above. An idle tile (``SKIP_IDLE_TILES``,
-the FP8 GEMMs) takes no ring stages: its zeros are stored straight from registers, and each
+the FP8 GEMMs) takes no ring stages: it runs the epilogue of an empty product (zeros), and each
 consumer counts the items loaded into its ring to find its next item's first stage.
 
 The row-tile handoff's writer side (``SIGNAL_ROWS``): a consumer signals the row tile of its
@@ -153,23 +153,6 @@ def _store_tile(acc, out_buf, out_desc, problem, row_lo, col0, end, acc_layout: 
 
 
 @gluon.jit
-def _zero_tile(descs, problem, scales, features, row_lo, col0, end, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               WARPS: gl.constexpr):
-    """A skipped idle tile: zeros to its rows inside the segment (for the FP8 fused GEMM, zero
-    ``act`` and zero row scales)."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
-    rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    live_end = gl.minimum(end, problem.NUM_ROWS)
-    zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout).to(descs.out.dtype)
-    store_rows(problem.out_ptr, zeros, rows, col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout)), live_end,
-               problem.N, problem.stride_om)
-    if features.FP8:
-        if features.FUSED:
-            gl.store(scales.out_ptr + rows.to(gl.int64) * scales.stride_om + col0 // 128,
-                     gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, layout)), mask=(rows >= 0) & (rows < live_end))
-
-
-@gluon.jit
 def _compute_tile(smem, out_buf, descs, problem, scales, tiling, features, pending, group, row_lo, col0, end, ring_pos,
                   k_steps, idle_upper, PARITY: gl.constexpr, WARPS: gl.constexpr):
     """An item's tile from the ring: FP8, on the lower half (``idle_upper``) or whole."""
@@ -216,17 +199,17 @@ def _run_item(smem, out_buf, descs, problem, scales, tiling, features, pending, 
     ring_pos = slot * k_steps  # the ring position of this item's first stage (the producer's count)
     col0 = col_tile * tiling.BLOCK_N
     used = gl.to_tensor(1)
+    steps = k_steps
     if features.SKIP_IDLE_TILES:
+        # An idle tile takes no stage (its producer loaded none) and runs the item's code on no K
+        # steps: the epilogue stores the zeros of an empty product. One code path: a separate
+        # zero store enlarges the kernel, and where a program has one or two items its code runs
+        # cold, the instruction-cache misses costing more than an empty epilogue.
         idle = idle_tile(features, problem, row_lo, end, BLOCK_M, WARPS)
         used = 1 - idle.to(gl.int32)
-        if idle:
-            _zero_tile(descs, problem, scales, features, row_lo, col0, end, BLOCK_M, tiling.BLOCK_N, WARPS)
-        else:
-            _compute_tile(smem, out_buf, descs, problem, scales, tiling, features, pending, group, row_lo, col0, end,
-                          ring_pos, k_steps, idle_upper, PARITY, WARPS)
-    else:
-        _compute_tile(smem, out_buf, descs, problem, scales, tiling, features, pending, group, row_lo, col0, end,
-                      ring_pos, k_steps, idle_upper, PARITY, WARPS)
+        steps = k_steps * used
+    _compute_tile(smem, out_buf, descs, problem, scales, tiling, features, pending, group, row_lo, col0, end, ring_pos,
+                  steps, idle_upper, PARITY, WARPS)
     return (group, tiles_before, tiles_through, start, end), row_tile(item, problem.col_tiles, tiles_before,
                                                                       tiles_through, GROUP_MAJOR), used
 
