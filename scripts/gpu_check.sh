@@ -13,9 +13,11 @@
 #              SANITIZE_SECONDS and SANITIZE_RESUME take it in parts: see sanitize.sh)
 #   bench:     benchmarks.run (JSON, log, chart, and the README table it gives), then benchmarks.train;
 #              BENCH_ARGS adds arguments to benchmarks.run, e.g. "--settle 0 --paddings 128"
+#   bench_fp8: benchmarks.fp8, the FP8 table (fp8.json, and the table it gives); BENCH_FP8_ARGS adds
+#              arguments, e.g. "--shapes 0,3"
 #   fuzz:      the CUDA fuzz, long profile: FUZZ_EXAMPLES per op (default 2000) in FUZZ_SHARDS
 #              (default 16) seeded items per op, spread over the xdist workers
-#   all:       tests, triton, portable, sanitize, bench, fuzz, in that order (longer than one
+#   all:       tests, triton, portable, sanitize, bench, bench_fp8, fuzz, in that order (longer than one
 #              10-minute device command: name a few steps per command)
 # Only when named:
 #   tune:          benchmarks.tune, the Triton forward configs; TUNE_ARGS adds arguments, e.g.
@@ -147,6 +149,11 @@ fi
 if named tune_backward; then
   run_tool tune_backward timeout ${TUNE_TIMEOUT:-330} python3 -m benchmarks.tune_backward \
     ${TUNE_ROLES:+--roles $TUNE_ROLES} --out "$OUT/tune_backward.json"
+fi
+if want bench_fp8; then
+  run_tool bench_fp8 python3 -m benchmarks.fp8 ${BENCH_FP8_ARGS:-} --out "$OUT/fp8.json"
+  [ -f "$OUT/fp8.json" ] && python3 -m benchmarks.report --fp8 --results "$OUT/fp8.json" --stdout \
+    | tee -a "$OUT/summary.txt"
 fi
 if want fuzz; then
   # FUZZ_EXAMPLES per op and device, split over FUZZ_SHARDS seeds so the xdist workers share one
