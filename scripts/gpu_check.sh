@@ -132,6 +132,11 @@ if want bench; then
   fi
   run_tool train python3 -m benchmarks.train --out "$OUT/train.json"
 fi
+if want bench_fp8; then
+  run_tool bench_fp8 python3 -m benchmarks.fp8 ${BENCH_FP8_ARGS:-} --out "$OUT/fp8.json"
+  [ -f "$OUT/fp8.json" ] && python3 -m benchmarks.report --fp8 --results "$OUT/fp8.json" --stdout \
+    | tee -a "$OUT/summary.txt"
+fi
 if named sweep; then
   run_tool sweep python3 -m benchmarks.sweep --max-seconds "${SWEEP_SECONDS:-480}" ${SWEEP_ARGS:-} --out "$OUT/sweep.json"
   [ -f "$OUT/sweep.json" ] && python3 -m benchmarks.report --sweep --results "$OUT/sweep.json" --stdout \
@@ -149,11 +154,6 @@ fi
 if named tune_backward; then
   run_tool tune_backward timeout ${TUNE_TIMEOUT:-330} python3 -m benchmarks.tune_backward \
     ${TUNE_ROLES:+--roles $TUNE_ROLES} --out "$OUT/tune_backward.json"
-fi
-if want bench_fp8; then
-  run_tool bench_fp8 python3 -m benchmarks.fp8 ${BENCH_FP8_ARGS:-} --out "$OUT/fp8.json"
-  [ -f "$OUT/fp8.json" ] && python3 -m benchmarks.report --fp8 --results "$OUT/fp8.json" --stdout \
-    | tee -a "$OUT/summary.txt"
 fi
 if want fuzz; then
   # FUZZ_EXAMPLES per op and device, split over FUZZ_SHARDS seeds so the xdist workers share one
